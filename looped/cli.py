@@ -1,0 +1,37 @@
+"""`looped` command: a thin dispatcher; each subcommand's parser lives beside its logic."""
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {  # name -> (module, function, one-line help)
+    "accounting": ("looped.accounting", "main", "parameter and FLOPs accounting of a configuration"),
+    "train": ("looped.train", "main", "train one configuration for a FLOPs budget"),
+    "sweep": ("looped.sweep", "main", "run (or size, with --dry-run) a named study, resumably"),
+    "runs": ("looped.sweep", "runs_main", "print a study's runs table and export the fitter's CSV"),
+    "fit": ("looped.fit", "main", "fit the joint scaling law (phi) to a runs table"),
+    "data": ("looped.data", "main", "prepare tokenizer and data shards"),
+    "bench": ("looped.bench", "main", "benchmarks: `bench train`, `bench fit`"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: looped COMMAND [options]", "", "commands:"]
+    lines += [f"  {name:<11} {help_}" for name, (_, _, help_) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0
+    if argv[0] not in COMMANDS:
+        print(f"looped: error: unknown command {argv[0]!r}\n{usage()}", file=sys.stderr)
+        return 2
+    module, func, _ = COMMANDS[argv[0]]
+    return int(getattr(importlib.import_module(module), func)(argv[1:]) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

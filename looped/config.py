@@ -1,0 +1,148 @@
+"""Model configuration and named presets.
+
+The paper fixes the *effective* depth (prelude + recurrent x r + coda) and varies r; width
+comes from a size knob s.  A preset captures everything that is not r, s or the injection
+mode, so the same code path builds the paper's 20-layer models and the small CPU models.
+Kept free of torch so that the accounting and the fitter import in milliseconds.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+
+INJECTIONS = ("none", "linear", "additive", "passthrough", "hyperconnect")
+
+
+class ConfigError(ValueError):
+    """An impossible architecture; the CLI turns it into a one-line error and exit code 2."""
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Everything shared by one family of models (the paper's, or our CPU-sized one)."""
+    name: str
+    width_per_s: int        # d_model = width_per_s * s, rounded up to `width_round`
+    width_round: int
+    head_dim: int
+    n_prelude: int
+    n_coda: int
+    loop_depth: int         # recurrent layers at r=1; r divides it (iso-depth)
+    seq_len: int
+    vocab_size: int         # tokenizer vocabulary
+    vocab_pad: int          # embedding/head rows are padded to a multiple of this
+    batch_tokens: int       # tokens per optimizer step
+    ref_s: float            # HyperP reference width (paper: s=10, d=640)
+    softcap: float = 15.0
+
+    @property
+    def effective_depth(self) -> int:
+        return self.n_prelude + self.loop_depth + self.n_coda
+
+
+PRESETS = {
+    # The paper: 2 + 16 + 2 layers, head_dim 128, Llama-2 vocab (32001 -> 32064), T 2048.
+    "paper": Preset("paper", 64, 128, 128, 2, 2, 16, 2048, 32001, 64, 262_144, 10),
+    # Our CPU preset: 1 + 8 + 1 layers (r in {1,2,4,8} still divides the loop), head_dim 32,
+    # a 1024-token BPE trained on the embedded Shakespeare corpus, T 128.
+    "cpu": Preset("cpu", 16, 32, 32, 1, 1, 8, 128, 1024, 64, 4_096, 8),
+    # A toy preset for unit tests: a forward+backward takes milliseconds.
+    "tiny": Preset("tiny", 8, 16, 16, 1, 1, 8, 32, 256, 64, 256, 4),
+}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """One concrete architecture.  Build it with `model_config(...)` to get validation."""
+    d_model: int
+    head_dim: int
+    n_prelude: int
+    n_loop_layers: int      # unique recurrent layers (loop_depth / r at iso-depth)
+    n_coda: int
+    r: int                  # recurrences per forward pass
+    injection: str = "linear"
+    lanes: int = 2          # hyperconnection lanes (only for injection='hyperconnect')
+    bptt_k: int | None = None  # recurrences that get gradient; None means all r
+    seq_len: int = 2048
+    vocab_size: int = 32001
+    vocab_pad: int = 64
+    softcap: float = 15.0
+    preset: str = ""
+    s: float | None = None
+
+    @property
+    def n_head(self) -> int:
+        return self.d_model // self.head_dim
+
+    @property
+    def padded_vocab(self) -> int:
+        return math.ceil(self.vocab_size / self.vocab_pad) * self.vocab_pad
+
+    @property
+    def k_bwd(self) -> int:
+        """Recurrences that are differentiated through."""
+        return self.r if self.bptt_k is None else self.bptt_k
+
+    @property
+    def looped(self) -> bool:
+        return self.injection != "none"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def validate(self) -> "ModelConfig":
+        if self.injection not in INJECTIONS:
+            raise ConfigError(f"unknown injection {self.injection!r}; choose from {', '.join(INJECTIONS)}")
+        if self.d_model <= 0 or self.head_dim <= 0 or self.d_model % self.head_dim:
+            raise ConfigError(f"d_model={self.d_model} must be a positive multiple of head_dim={self.head_dim}")
+        if self.head_dim % 2:
+            raise ConfigError(f"head_dim={self.head_dim} must be even for rotary embeddings")
+        if self.r < 1 or self.n_loop_layers < 1 or self.n_prelude < 0 or self.n_coda < 0:
+            raise ConfigError("r and the recurrent depth must be >= 1, prelude/coda depth >= 0")
+        if self.injection == "none" and self.r != 1:
+            raise ConfigError(f"injection 'none' (the plain model) needs r=1, got r={self.r}")
+        if self.bptt_k is not None and not 1 <= self.bptt_k <= self.r:
+            raise ConfigError(f"bptt_k={self.bptt_k} must lie in [1, r={self.r}]")
+        if self.injection == "hyperconnect" and self.k_bwd < self.r:
+            raise ConfigError("hyperconnections need full backpropagation (bptt_k must equal r)")
+        if self.injection == "hyperconnect" and self.lanes < 1:
+            raise ConfigError(f"hyperconnections need at least one lane, got {self.lanes}")
+        if self.seq_len < 1 or self.vocab_size < 2:
+            raise ConfigError("seq_len must be >= 1 and vocab_size >= 2")
+        return self
+
+
+def width(preset: Preset | str, s: float) -> int:
+    """d_model for size s: width_per_s * s rounded up to a multiple of width_round."""
+    p = get_preset(preset)
+    if s <= 0:
+        raise ConfigError(f"size s must be positive, got {s}")
+    return int(math.ceil(p.width_per_s * s / p.width_round) * p.width_round)
+
+
+def get_preset(preset: Preset | str) -> Preset:
+    if isinstance(preset, Preset):
+        return preset
+    if preset not in PRESETS:
+        raise ConfigError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
+    return PRESETS[preset]
+
+
+def model_config(preset: Preset | str = "paper", r: int = 1, s: float = 10, injection: str | None = None,
+                 lanes: int = 2, bptt_k: int | None = None, **overrides) -> ModelConfig:
+    """The iso-depth model of a preset: loop_depth / r unique recurrent layers run r times.
+
+    r=1 with the default injection is the paper's plain ("noloop") model; pass
+    injection='linear' with r=1 to get a looped model that simply runs its loop once.
+    """
+    p = get_preset(preset)
+    if r < 1 or p.loop_depth % r:
+        raise ConfigError(f"r={r} must divide the recurrent depth {p.loop_depth} of preset {p.name!r}")
+    if injection is None:
+        injection = "none" if r == 1 else "linear"
+    if bptt_k == r:
+        bptt_k = None  # differentiating through all r recurrences is plain full backprop
+    cfg = ModelConfig(d_model=width(p, s), head_dim=p.head_dim, n_prelude=p.n_prelude,
+                      n_loop_layers=p.loop_depth // r, n_coda=p.n_coda, r=r, injection=injection,
+                      lanes=lanes, bptt_k=bptt_k, seq_len=p.seq_len, vocab_size=p.vocab_size,
+                      vocab_pad=p.vocab_pad, softcap=p.softcap, preset=p.name, s=s)
+    return replace(cfg, **overrides).validate()
