@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""Open every page of the built book in headless Chromium and fail on any browser-side error.
+
+    python .ci/check_html.py [_build/html]
+
+Serves the HTML folder on 127.0.0.1, visits each page with Playwright driving the system
+Chromium (/usr/bin/chromium, from Debian; Playwright never downloads a browser here), and
+fails on console errors, uncaught page errors, failed or non-2xx local requests, and any
+request that leaves localhost (the book must work offline).  A full-page screenshot of every
+chapter goes to _build/screenshots/.
+"""
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import shutil
+import sys
+import threading
+from pathlib import Path
+from urllib.parse import urlparse
+
+ROOT = Path(__file__).resolve().parents[1]
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        "--disable-dev-shm-usage"]
+
+
+def find_chromium() -> str:
+    for cand in (os.environ.get("CHROMIUM"), "/usr/bin/chromium", shutil.which("chromium"),
+                 shutil.which("chromium-browser")):
+        if cand and Path(cand).exists():
+            return cand
+    sys.exit("check_html: no chromium found (apt-get install -y chromium)")
+
+
+class Handler(http.server.SimpleHTTPRequestHandler):
+    def do_GET(self):
+        if self.path == "/favicon.ico" and not (Path(self.directory) / "favicon.ico").exists():
+            self.send_response(204)  # browsers ask for it unprompted; the book has none
+            self.end_headers()
+            return
+        super().do_GET()
+
+    def log_message(self, *args):
+        pass
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    html = Path(argv[0] if argv else ROOT / "_build" / "html").resolve()
+    shots = html.parent / "screenshots"
+    if not (html / "index.html").exists():
+        sys.exit(f"check_html: {html} has no index.html; run `make book` first")
+    shots.mkdir(parents=True, exist_ok=True)
+    pages = sorted(p.relative_to(html).as_posix() for p in html.rglob("*.html")
+                   if not p.relative_to(html).parts[0].startswith(("_", ".")))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(html)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}/"
+
+    from playwright.sync_api import sync_playwright
+    failures: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=find_chromium(), args=ARGS, headless=True)
+        context = browser.new_context(viewport={"width": 1280, "height": 900}, service_workers="block")
+        for page_path in pages:
+            page = context.new_page()
+            problems: list[str] = []
+
+            def on_request(route, request, problems=problems):
+                if urlparse(request.url).hostname in ("127.0.0.1", "localhost") or request.url.startswith("data:"):
+                    route.continue_()
+                else:
+                    problems.append(f"external request {request.url}")
+                    route.abort()
+
+            page.route("**/*", on_request)
+            page.on("console", lambda m, problems=problems: m.type == "error" and problems.append(f"console error: {m.text}"))
+            page.on("pageerror", lambda e, problems=problems: problems.append(f"page error: {e}"))
+            page.on("requestfailed", lambda r, problems=problems: problems.append(f"request failed: {r.url} ({r.failure})"))
+            page.on("response", lambda r, problems=problems: r.status >= 400 and problems.append(f"HTTP {r.status}: {r.url}"))
+            page.goto(base + page_path, wait_until="networkidle")
+            page.wait_for_timeout(200)
+            if page_path.startswith("book/"):
+                page.screenshot(path=str(shots / (Path(page_path).stem + ".png")), full_page=True)
+            status = "ok" if not problems else f"{len(problems)} problem(s)"
+            print(f"[check_html] {page_path}: {status}", flush=True)
+            failures += [f"{page_path}: {p}" for p in dict.fromkeys(problems)]
+            page.close()
+        browser.close()
+    server.shutdown()
+    if failures:
+        print("\n".join(failures), file=sys.stderr)
+        print(f"check_html: {len(failures)} problem(s) in {len(pages)} pages", file=sys.stderr)
+        return 1
+    print(f"check_html: {len(pages)} pages clean; screenshots in {shots.relative_to(ROOT) if shots.is_relative_to(ROOT) else shots}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+# Two commands on a fresh machine:  make book   (build the book, CPU defaults)
+#                                   make test   (unit tests + nbval over every chapter notebook)
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+export MPLBACKEND := Agg
+NBVAL  := --nbval-lax --current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
+
+.PHONY: venv book notebooks test test-unit test-nbval html-check clean
+
+venv: $(STAMP)
+$(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps -r requirements-nodeps.txt
+	$(PY) -m pip install -q --no-deps -e .
+	touch $@
+
+book: venv
+	jupyter-book build . -W -n --keep-going
+
+notebooks: venv  ## regenerate the executed nbval references book/NN_*.ipynb from the .md sources
+	$(PY) tools/notebooks.py $(CHAPTERS)
+
+test: test-unit test-nbval
+
+test-unit: venv
+	$(PY) -m pytest
+
+test-nbval: venv
+	$(PY) tools/notebooks.py --check
+	$(PY) -m pytest -p no:cacheprovider $(NBVAL) book/[0-9][0-9]_*.ipynb
+
+html-check: book
+	$(PY) .ci/check_html.py _build/html
+
+clean:
+	rm -rf _build .pytest_cache

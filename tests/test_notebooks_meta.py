@@ -1,0 +1,45 @@
+"""The book's plumbing: every chapter in _toc.yml exists, each notebook chapter has a committed,
+up-to-date nbval reference with at least one checked cell, and the config excludes generated files."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("book_notebooks", ROOT / "tools" / "notebooks.py")
+notebooks = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(notebooks)
+
+TOC_FILES = [m.group(1) for line in (ROOT / "_toc.yml").read_text().splitlines()
+             if (m := re.match(r"\s*-?\s*(?:file|root):\s*(\S+)", line)) and not line.lstrip().startswith("#")]
+CHAPTERS = notebooks.chapters()
+
+
+def test_toc_entries_exist():
+    assert "book/intro" in TOC_FILES
+    missing = [f for f in TOC_FILES if not (ROOT / f"{f}.md").exists()]
+    assert not missing, f"_toc.yml lists files that do not exist: {missing}"
+
+
+def test_config_excludes_generated_notebooks():
+    text = (ROOT / "_config.yml").read_text()
+    for pattern in ('"book/*.ipynb"', '"_build"', '".venv"', '"README.md"'):
+        assert pattern in text
+
+
+@pytest.mark.parametrize("md", CHAPTERS, ids=[m.stem for m in CHAPTERS])
+def test_chapter_reference_notebook(md):
+    ipynb = md.with_suffix(".ipynb")
+    assert ipynb.exists(), f"run `make notebooks` to create {ipynb.name}"
+    nb = json.loads(ipynb.read_text())
+    assert nb["metadata"]["kernelspec"]["name"] == "python3"
+    assert notebooks.check([md]) == 0, f"{ipynb.name} is stale: run `make notebooks`"
+    checked = [c for c in nb["cells"] if "nbval-check-output" in c.get("metadata", {}).get("tags", [])]
+    assert checked, f"{md.name} has no cell tagged nbval-check-output"
+    assert all(c.get("outputs") for c in checked), f"{ipynb.name} has a checked cell without outputs"
+    errors = [o for c in nb["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert not errors, f"{ipynb.name} was saved with an error output"

@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""Regenerate the nbval reference notebooks: book/NN_*.md (MyST) -> book/NN_*.ipynb, executed.
+
+    python tools/notebooks.py                 # every chapter listed in _toc.yml
+    python tools/notebooks.py 02_architecture # only these (names or paths)
+    python tools/notebooks.py --check         # fail if an .ipynb's code differs from its .md
+
+Chapters are converted with jupytext and executed in place with papermill (kernel python3,
+default parameters, cwd = book/, the same working directory that jupyter-book and nbval use).
+Per-cell timings and timestamps are removed so reruns only change what the code printed.
+The .ipynb files are generated: edit the .md, never the .ipynb.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BOOK = ROOT / "book"
+
+
+def chapters() -> list[Path]:
+    """Notebook chapters (MyST .md with a kernelspec) in _toc.yml order, commented lines excluded."""
+    out = []
+    for line in (ROOT / "_toc.yml").read_text().splitlines():
+        m = re.match(r"\s*-?\s*file:\s*(\S+)", line)
+        if m and not line.lstrip().startswith("#"):
+            md = ROOT / (m.group(1) + ".md")
+            if md.exists() and "kernelspec:" in md.read_text().split("\n---", 2)[0]:
+                out.append(md)
+    return out
+
+
+def code_sources(nb) -> list[str]:
+    return [c.source.strip() for c in nb.cells if c.cell_type == "code"]
+
+
+def strip_volatile(nb) -> None:
+    nb.metadata.get("papermill", {}).pop("start_time", None)
+    for key in ("end_time", "duration", "input_path", "output_path"):
+        nb.metadata.get("papermill", {}).pop(key, None)
+    for cell in nb.cells:
+        cell.metadata.pop("execution", None)
+        pm = cell.metadata.get("papermill")
+        if pm is not None:
+            for key in ("start_time", "end_time", "duration"):
+                pm.pop(key, None)
+
+
+def build(md: Path) -> Path:
+    import jupytext
+    import nbformat
+    import papermill as pm
+    ipynb = md.with_suffix(".ipynb")
+    nb = jupytext.read(md)
+    nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
+    nbformat.write(nb, ipynb)
+    print(f"[notebooks] executing {ipynb.relative_to(ROOT)}", flush=True)
+    pm.execute_notebook(str(ipynb), str(ipynb), cwd=str(BOOK), kernel_name="python3",
+                        progress_bar=False, log_output=False)
+    nb = nbformat.read(ipynb, as_version=4)
+    strip_volatile(nb)
+    nbformat.write(nb, ipynb)
+    return ipynb
+
+
+def check(mds: list[Path]) -> int:
+    import jupytext
+    import nbformat
+    bad = 0
+    for md in mds:
+        ipynb = md.with_suffix(".ipynb")
+        if not ipynb.exists():
+            print(f"missing {ipynb.relative_to(ROOT)}: run `make notebooks`")
+            bad += 1
+            continue
+        want = code_sources(jupytext.read(md))
+        have = [s for s in code_sources(nbformat.read(ipynb, as_version=4))]
+        if want != have:
+            print(f"stale {ipynb.relative_to(ROOT)}: its code differs from {md.name}; run `make notebooks`")
+            bad += 1
+    return 1 if bad else 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("names", nargs="*", help="chapters to rebuild (default: all in _toc.yml)")
+    ap.add_argument("--check", action="store_true", help="only check that the .ipynb match the .md")
+    a = ap.parse_args(argv)
+    mds = chapters()
+    if a.names:
+        wanted = {Path(n).stem for n in a.names}
+        mds = [m for m in mds if m.stem in wanted]
+        missing = wanted - {m.stem for m in mds}
+        if missing:
+            print(f"not notebook chapters in _toc.yml: {', '.join(sorted(missing))}", file=sys.stderr)
+            return 2
+    if a.check:
+        return check(mds)
+    for md in mds:
+        build(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
