@@ -543,7 +543,7 @@ def fit(df, restarts: int = 500, seed: int = 0, fix: dict | None = None, bootstr
     chinchilla: force (True) or forbid (False) the Chinchilla law; default: automatic.
     """
     t0 = time.perf_counter()
-    df = _validate(df) if not hasattr(df, "_looped_validated") else df
+    df = _validate(df)
     if chinchilla is None:
         chinchilla = is_chinchilla(df)
     fixed = _parse_fix(fix)
@@ -609,3 +609,329 @@ def predict(result: FitResult, n_once, n_rec, r, tokens):
 def residuals(result: FitResult, df) -> np.ndarray:
     """Actual minus predicted loss (nats) for every run of df."""
     return df["loss"].to_numpy(float) - predict(result, df["n_once"], df["n_rec"], df["r"], df["tokens"])
+
+
+# --------------------------------------------------------------------------------------------
+# Iso-FLOP minima, effective sizes, compute-optimal allocation
+# --------------------------------------------------------------------------------------------
+
+def iso_flop_minima(df) -> "pd.DataFrame":
+    """Per (budget, r) cell with >= 3 runs: the parabola of loss in log N (N = n_once + n_rec,
+    unique params) and its vertex.  Columns budget, r, n_runs, n_star, loss_star, tokens_star
+    (tokens interpolated log-linearly in log N at the vertex), inside (vertex within the
+    cell's range of N), opens_up (positive curvature; otherwise the vertex is a maximum)."""
+    import pandas as pd
+
+    df = _validate(df)
+    if "budget" not in df.columns:
+        raise FitError("iso-FLOP minima need a budget column")
+    rows = []
+    for (c, r), g in df.groupby(["budget", "r"], sort=True):
+        if len(g) < 3:
+            continue
+        u = np.log(g["n_once"].to_numpy() + g["n_rec"].to_numpy())
+        y = g["loss"].to_numpy()
+        c2, c1, c0 = np.polyfit(u, y, 2)
+        opens = c2 > 0
+        us = -c1 / (2 * c2) if c2 != 0 else float("nan")
+        ls = c0 + c1 * us + c2 * us * us
+        k1, k0 = np.polyfit(u, np.log(g["tokens"].to_numpy()), 1)
+        rows.append(dict(budget=c, r=int(r) if float(r).is_integer() else r, n_runs=len(g),
+                         n_star=float(np.exp(us)), loss_star=float(ls), tokens_star=float(np.exp(k0 + k1 * us)),
+                         inside=bool(u.min() <= us <= u.max()), opens_up=bool(opens)))
+    return pd.DataFrame(rows, columns=["budget", "r", "n_runs", "n_star", "loss_star", "tokens_star",
+                                       "inside", "opens_up"])
+
+
+def _cfg_at_width(preset, r: int, d: float, injection=None, bptt_k=None):
+    """The preset's iso-depth model at a continuous width d (for interpolating the accounting)."""
+    from dataclasses import replace
+
+    from .config import model_config
+    return replace(model_config(preset, r=r, s=10, injection=injection, bptt_k=bptt_k), d_model=d, s=None)
+
+
+def effective_sizes(preset="paper", r: int = 4, s: float = 32, phi: float = 0.459,
+                    injection: str | None = None, bptt_k: int | None = None) -> dict:
+    """Three sizes of a looped model (and of the plain model of the same width, for scale).
+
+    unique: N = N_once + N_rec (what is stored); loss_equivalent: the plain N with the same
+    fitted loss, N_once + r^phi N_rec; compute_equivalent: N of the plain model whose training
+    FLOPs per token (accounting.flops_per_token) equal this model's (continuous width).
+    Ratios are to the plain model at the same width.  `block_*` ratios count transformer blocks
+    only (the paper's worked example, (2+4+2)/20 and (4 + 4^phi 4)/20): the exact figures also
+    include the 2d^2 injection in N_rec and the model norms.
+    """
+    from scipy.optimize import brentq
+
+    from . import accounting as acc
+    from .config import model_config
+
+    cfg = model_config(preset, r=r, s=s, injection=injection, bptt_k=bptt_k)
+    plain = model_config(preset, r=1, s=s)
+    no, nr = acc.n_once(cfg), acc.n_rec(cfg)
+    n_plain = acc.n_params(plain)
+    fl = acc.flops_per_token(cfg)
+    d = plain.d_model
+    fplain = lambda x: acc.flops_per_token(_cfg_at_width(preset, 1, x)) - fl  # noqa: E731
+    d_ce = brentq(fplain, 1e-3, 64 * d)
+    n_ce = acc.n_params(_cfg_at_width(preset, 1, d_ce))
+    p = cfg
+    depth = p.n_prelude + p.n_coda + p.n_loop_layers            # unique blocks
+    eff_depth = p.n_prelude + p.n_coda + (p.n_loop_layers * r if cfg.looped else p.n_loop_layers)
+    once_blocks = p.n_prelude + p.n_coda + (0 if cfg.looped else p.n_loop_layers)
+    rec_blocks = p.n_loop_layers if cfg.looped else 0
+    return {
+        "r": r, "s": s, "d_model": cfg.d_model, "phi": phi,
+        "n_once": no, "n_rec": nr, "unique": no + nr,
+        "loss_equivalent": no + r ** phi * nr,
+        "compute_equivalent": float(n_ce), "flops_per_token": fl,
+        "plain_unique": n_plain, "plain_flops_per_token": acc.flops_per_token(plain),
+        "unique_ratio": (no + nr) / n_plain, "loss_equivalent_ratio": (no + r ** phi * nr) / n_plain,
+        "compute_equivalent_ratio": n_ce / n_plain,
+        "block_unique_ratio": depth / eff_depth,
+        "block_loss_equivalent_ratio": (once_blocks + r ** phi * rec_blocks) / eff_depth,
+    }
+
+
+def runs_from_minima(path_or_df, preset="paper") -> "pd.DataFrame":
+    """Turn published iso-FLOP minima (budget_flops, r, n_star_unique_millions, loss_star_nats)
+    into runs the fitter takes.  For every cell the continuous width d at which the preset's
+    iso-depth model has N = N* is found from the accounting; n_once / n_rec are split in that
+    architecture's proportion (summing to N* exactly) and D = C / flops_per_token(width d)."""
+    import pandas as pd
+    from scipy.optimize import brentq
+
+    from . import accounting as acc
+    t = pd.read_csv(path_or_df) if not isinstance(path_or_df, pd.DataFrame) else path_or_df
+    rows = []
+    for row in t.itertuples():
+        r, n_star, c = int(row.r), row.n_star_unique_millions * 1e6, float(row.budget_flops)
+        d = brentq(lambda x: acc.n_params(_cfg_at_width(preset, r, x)) - n_star, 1.0, 1e6)
+        cfg = _cfg_at_width(preset, r, d)
+        no, nr = acc.n_once(cfg), acc.n_rec(cfg)
+        k = n_star / (no + nr)
+        rows.append(dict(budget=c, r=r, d_model=d, n_once=no * k, n_rec=nr * k,
+                         tokens=c / acc.flops_per_token(cfg), loss=float(row.loss_star_nats)))
+    return pd.DataFrame(rows)
+
+
+def compute_optimal(result: FitResult, preset="paper", r=(1, 2, 4, 8), budgets=None, s_grid=None,
+                    injection: str | None = None, bptt_k: int | None = None) -> "pd.DataFrame":
+    """Compute-optimal allocation under the fitted law: for each r and budget C, minimise the
+    predicted loss over the preset's widths (s_grid, deduplicated by d_model) with D = C / F,
+    F = accounting.flops_per_token of that architecture (injection / bptt_k passed through; a
+    per-r bptt_k may be given as a callable r -> k).  Returns the grid argmin (s, d_model, n, n_once,
+    n_rec, tokens, loss, tokens_per_param) and a parabola-in-log-N refinement (n_star, loss_star)."""
+    import pandas as pd
+
+    from . import accounting as acc
+    from .config import model_config
+    rs = [r] if np.isscalar(r) else list(r)
+    budgets = [4.64e17, 1e18, 2.15e18, 4.64e18, 1e19, 2.15e19] if budgets is None else list(budgets)
+    s_grid = np.arange(2, 160, 1.0) if s_grid is None else np.asarray(s_grid, float)
+    rows = []
+    for rr in rs:
+        k = bptt_k(rr) if callable(bptt_k) else bptt_k
+        cfgs, seen = [], set()
+        for s in s_grid:
+            cfg = model_config(preset, r=rr, s=float(s), injection=injection if rr > 1 else None,
+                               bptt_k=k if (k is None or k <= rr) else None)
+            if cfg.d_model not in seen:
+                seen.add(cfg.d_model)
+                cfgs.append(cfg)
+        no = np.array([acc.n_once(c) for c in cfgs], float)
+        nr = np.array([acc.n_rec(c) for c in cfgs], float)
+        fl = np.array([acc.flops_per_token(c) for c in cfgs], float)
+        for C in budgets:
+            D = C / fl
+            L = predict(result, no, nr, rr, D)
+            i = int(np.argmin(L))
+            u = np.log(no + nr)
+            n_s, l_s = no[i] + nr[i], L[i]
+            if 0 < i < len(L) - 1:
+                c2, c1, c0 = np.polyfit(u[i - 1:i + 2], L[i - 1:i + 2], 2)
+                if c2 > 0:
+                    us = -c1 / (2 * c2)
+                    n_s, l_s = float(np.exp(us)), float(c0 + c1 * us + c2 * us * us)
+            rows.append(dict(r=rr, budget=C, s=cfgs[i].s, d_model=cfgs[i].d_model, n=no[i] + nr[i],
+                             n_once=no[i], n_rec=nr[i], tokens=D[i], loss=L[i],
+                             tokens_per_param=D[i] / (no[i] + nr[i]), n_star=n_s, loss_star=l_s,
+                             at_edge=i in (0, len(L) - 1)))
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------------------------
+# Synthetic runs, CLI, benchmark
+# --------------------------------------------------------------------------------------------
+
+PAPER_LAW = dict(A=28.027, alpha=0.19924, B=915.82, beta=0.36863, E=1.56773, phi=0.459)
+
+
+def paper_grid(study: str = "main", grids=None, batch_tokens: int = 262_144) -> "pd.DataFrame":
+    """The paper's run grid (runs/paper/grids.csv) with the accounting's n_once, n_rec, tokens."""
+    import pandas as pd
+
+    from . import accounting as acc
+    from .config import model_config
+    grids = Path(__file__).resolve().parents[1] / "runs" / "paper" / "grids.csv" if grids is None else grids
+    g = pd.read_csv(grids)
+    g = g[g["study"] == study]
+    rows = []
+    for t in g.itertuples():
+        k = int(t.bptt_k) if int(t.bptt_k) < int(t.r) else None
+        cfg = model_config("paper", r=int(t.r), s=float(t.s), injection=t.injection, bptt_k=k)
+        rows.append(dict(study=study, budget=float(t.budget_flops), r=int(t.r), s=float(t.s),
+                         injection=t.injection, bptt_k=int(t.bptt_k), n_once=acc.n_once(cfg),
+                         n_rec=acc.n_rec(cfg), tokens=acc.tokens_for_budget(cfg, float(t.budget_flops), batch_tokens)))
+    return pd.DataFrame(rows)
+
+
+def synthetic_runs(law: dict | None = None, noise: float = 0.01, seed: int = 0, grid=None) -> "pd.DataFrame":
+    """Runs of the grid (default: the paper's 116-run main grid) with losses from `law`
+    (default: the paper's joint fit) plus Gaussian noise of `noise` nats."""
+    law = dict(PAPER_LAW, **(law or {}))
+    df = (paper_grid() if grid is None else grid).copy()
+    neff = df["n_once"] + df["r"] ** law["phi"] * df["n_rec"]
+    clean = law["E"] + law["A"] * neff ** (-law["alpha"]) + law["B"] * df["tokens"] ** (-law["beta"])
+    df["loss"] = clean + np.random.default_rng(seed).normal(0.0, noise, len(df))
+    df["status"] = "ok"
+    return df
+
+
+def format_result(res: FitResult) -> str:
+    """A readable table: parameter, value, bootstrap interval (when there is one)."""
+    lines = [f"{res.law} law fit: {res.n_runs} runs, {res.restarts} restarts, seed {res.seed}"
+             + (f", {res.bootstrap} bootstrap resamples" if res.bootstrap else "")]
+    head = f"  {'param':<6} {'value':>12}"
+    if res.ci:
+        head += f" {'2.5%':>12} {'97.5%':>12}"
+    lines.append(head)
+    for name in REPORT:
+        v = getattr(res, name)
+        if v is None:
+            lines.append(f"  {name:<6} {'n/a':>12}   (not identifiable: no looped runs)")
+            continue
+        row = f"  {name:<6} {v:>12.6g}"
+        if name in res.fixed:
+            row += "   (fixed)"
+        elif name in res.ci:
+            row += f" {res.ci[name][0]:>12.6g} {res.ci[name][1]:>12.6g}"
+        lines.append(row)
+    lines.append(f"  R^2 (nats) {res.r2:.5f}   Huber sum {res.huber:.6e}   n_runs {res.n_runs}")
+    for r, sub in res.per_r.items():
+        lines.append(f"  per-r Chinchilla r={r}: A={sub.A:.4g} alpha={sub.alpha:.4g} B={sub.B:.4g} "
+                     f"beta={sub.beta:.4g} E={sub.E:.4g} R^2={sub.r2:.4f} Huber={sub.huber:.3e}")
+    return "\n".join(lines)
+
+
+def _parse_fix_args(items) -> dict:
+    out = {}
+    for it in items or []:
+        for part in it.split(","):
+            if "=" not in part:
+                raise FitError(f"--fix expects NAME=VALUE, got {part!r}")
+            k, v = part.split("=", 1)
+            out[k.strip()] = v.strip()
+    return out
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2 (argparse's own convention)
+        raise FitError(message)
+
+
+def main(argv=None) -> int:
+    """`looped fit PATH [--restarts 500] [--seed 0] [--fix phi=0.5 ...] [--bootstrap B] [--per-r]
+    [--json OUT] [--study NAME]`."""
+    ap = _Parser(prog="looped fit", description="Fit the joint scaling law (phi) to a runs table.")
+    ap.add_argument("path", help="runs CSV or a directory of run-record JSON files")
+    ap.add_argument("--restarts", type=int, default=500)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--fix", action="append", default=[], metavar="NAME=VALUE",
+                    help="hold a parameter fixed (A, alpha, B, beta, E, phi); repeatable")
+    ap.add_argument("--bootstrap", type=int, default=0, metavar="B", help="block-bootstrap resamples")
+    ap.add_argument("--boot-restarts", type=int, default=10,
+                    help="random restarts per resample besides the warm starts (-1: as many as --restarts)")
+    ap.add_argument("--per-r", action="store_true", help="also fit a Chinchilla law per r")
+    ap.add_argument("--json", metavar="OUT", help="write the result as JSON")
+    ap.add_argument("--study", help="only runs of this study")
+    try:
+        a = ap.parse_args(argv)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # _validate already printed them to stderr
+            df = load_runs(a.path)
+            if a.study is not None:
+                if "study" not in df.columns:
+                    raise FitError(f"--study {a.study}: the runs have no study column")
+                df = df[df["study"].astype(str) == a.study].reset_index(drop=True)
+                if not len(df):
+                    raise FitError(f"--study {a.study}: no runs of that study")
+            res = fit(df, restarts=a.restarts, seed=a.seed, fix=_parse_fix_args(a.fix), bootstrap=a.bootstrap,
+                      boot_restarts=None if a.boot_restarts < 0 else a.boot_restarts, per_r=a.per_r)
+        print(format_result(res))
+        if a.json:
+            try:
+                Path(a.json).write_text(json.dumps(res.to_dict(), indent=2) + "\n")
+            except OSError as e:
+                raise FitError(f"cannot write {a.json}: {e.strerror or e}") from None
+    except FitError as e:
+        print(f"looped fit: error: {str(e).splitlines()[0] if str(e) else 'bad input'}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def benchmark(argv=None) -> int:
+    """`looped bench fit`: the paper's protocol on the synthetic 116-run main grid, fast path vs
+    a serial scipy L-BFGS-B reference (timed on a subset of restarts, scaled linearly)."""
+    ap = argparse.ArgumentParser(prog="looped bench fit")
+    ap.add_argument("--restarts", type=int, default=500)
+    ap.add_argument("--bootstrap", type=int, default=200)
+    ap.add_argument("--boot-restarts", type=int, default=10)
+    ap.add_argument("--reference-restarts", type=int, default=20)
+    ap.add_argument("--check-resamples", type=int, default=3,
+                    help="bootstrap resamples refitted with all --restarts to check the warm start")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    df = synthetic_runs(seed=a.seed)
+    data = _Data.from_frame(df)
+    free = np.ones(6, bool)
+    print(f"synthetic paper main grid: {len(df)} runs, law {PAPER_LAW}, noise 0.01 nats")
+    _lbfgsb(LO + WIDTH / 2, data, None, free)          # import scipy outside the timings
+    t = time.perf_counter()
+    res = fit(df, restarts=a.restarts, seed=a.seed, bootstrap=a.bootstrap, boot_restarts=a.boot_restarts)
+    fast = time.perf_counter() - t
+    print(f"fast path: {a.restarts} restarts + {a.bootstrap} bootstrap resamples "
+          f"(warm start + {a.boot_restarts} restarts each): {fast:.2f} s")
+    print(f"  phi = {res.phi:.4f}  CI {res.ci.get('phi')}  Huber {res.huber:.12e}  R^2 {res.r2:.5f}")
+    t = time.perf_counter()
+    th1, f1, _ = _batched_solve(_starts(np.random.default_rng(a.seed), a.restarts, {}), data, None, free)
+    main_only = time.perf_counter() - t
+    print(f"  (batched main fit alone, {a.restarts} restarts: {main_only:.2f} s)")
+    # reference: serial scipy on the first k restarts of the same draws
+    starts = _starts(np.random.default_rng(np.random.SeedSequence(a.seed).spawn(3)[0]), a.restarts, {})
+    k = min(a.reference_restarts, a.restarts)
+    _, fref, tref, nits = serial_fit(data, starts[:k], free)
+    per = tref / k
+    total_fits = a.restarts * (a.bootstrap + 1)
+    scaled = per * total_fits
+    print(f"serial scipy L-BFGS-B reference (analytic gradient, ftol 1e-15, gtol 1e-12): {k} restarts "
+          f"in {tref:.2f} s ({per * 1e3:.1f} ms/solve, median {int(np.median(nits))} iterations)")
+    print(f"  scaled to {a.restarts} x {a.bootstrap + 1} = {total_fits:,} solves: {scaled:,.0f} s")
+    print(f"speed-up (reference / fast): {scaled / fast:,.0f}x")
+    rel = (res.huber - fref) / abs(fref)
+    print(f"best objective: fast {res.huber:.12e}  reference {fref:.12e}  relative difference {rel:+.2e} "
+          f"({'OK' if abs(rel) <= 1e-6 or rel < 0 else 'FAIL'}: <= 1e-6)")
+    if a.check_resamples > 0 and a.bootstrap > 0:
+        W = _boot_weights(df, np.random.default_rng(np.random.SeedSequence(a.seed).spawn(3)[1]), a.bootstrap)
+        worst = 0.0
+        for i in range(min(a.check_resamples, a.bootstrap)):
+            th_w = np.array(res.boot_samples[i], float)
+            th_w[[0, 2, 4]] = np.log(th_w[[0, 2, 4]])
+            fw = float(_objective(th_w[None], data, W[i][None], order=0)[0])
+            ((_, ff, _),) = _solve(data, _starts(np.random.default_rng(1000 + i), a.restarts, {}), free,
+                                   weights=np.repeat(W[i][None], a.restarts, 0))
+            worst = max(worst, (fw - ff) / abs(ff))
+        print(f"warm-start bootstrap check: {min(a.check_resamples, a.bootstrap)} resamples refitted with all "
+              f"{a.restarts} restarts; worst relative excess of the warm-start objective {worst:+.2e}")
+    return 0
