@@ -32,7 +32,8 @@ test-nbval: venv
 	$(PY) tools/notebooks.py --check
 	$(PY) -m pytest -p no:cacheprovider $(NBVAL) book/[0-9][0-9]_*.ipynb
 
-html-check: book
+html-check: venv  ## after `make book` (builds it first only if there is no build yet)
+	test -f _build/html/index.html || $(MAKE) book
 	$(PY) .ci/check_html.py _build/html
 
 clean:
