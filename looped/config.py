@@ -43,9 +43,9 @@ class Preset:
 PRESETS = {
     # The paper: 2 + 16 + 2 layers, head_dim 128, Llama-2 vocab (32001 -> 32064), T 2048.
     "paper": Preset("paper", 64, 128, 128, 2, 2, 16, 2048, 32001, 64, 262_144, 10, 70_778_880),
-    # Our CPU preset: 1 + 8 + 1 layers (r in {1,2,4,8} still divides the loop), head_dim 32,
+    # Our CPU preset: 1 + 8 + 1 layers (r in {1,2,4,8} still divides the loop), head_dim 8 (d = 8 s),
     # a 1024-token BPE trained on the embedded Shakespeare corpus, T 128.
-    "cpu": Preset("cpu", 16, 32, 32, 1, 1, 8, 128, 1024, 64, 4_096, 8),
+    "cpu": Preset("cpu", 8, 8, 8, 1, 1, 8, 128, 1024, 64, 1_024, 2),
     # A toy preset for unit tests: a forward+backward takes milliseconds.
     "tiny": Preset("tiny", 8, 16, 16, 1, 1, 8, 32, 256, 64, 256, 4, 4_096),
 }
