@@ -1,0 +1,304 @@
+"""The trainer (looped.train) on the 'tiny' preset: records, determinism, resume after a kill,
+DDP on gloo, divergence, gradient accumulation, budgets and the CLI's failure paths.
+
+Every run here is a few dozen steps of a d=16 model on one CPU thread; subprocesses get
+OMP_NUM_THREADS=1 so that their float results are bit-identical to the in-process runs.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from looped import accounting, data
+from looped.config import ConfigError, model_config
+from looped.train import TrainConfig, TrainError, atomic_write_json, run_id, train
+from looped.train import main as train_main
+
+REPO = Path(__file__).resolve().parents[1]
+BASE = dict(preset="tiny", r=2, s=1, quiet=True, log_every=1)  # d=16, 8 rows of 33 tokens per step
+STEPS = 40
+RECORD_FIELDS = ("config", "n", "n_once", "n_rec", "flops_per_token", "budget", "tokens", "steps", "loss",
+                 "train_loss_curve", "wall_seconds", "tokens_per_s", "flops_per_s", "device", "versions",
+                 "git_commit", "status")
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def tiny_data():
+    return data.prepare("tiny")
+
+
+@pytest.fixture(scope="module")
+def baseline(tiny_data, tmp_path_factory):
+    """An uninterrupted 40-step run with a record: the reference for the other tests."""
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("baseline") / "rec.json"
+    return train(TrainConfig(**BASE, steps=STEPS, out=str(out)))
+
+
+def env1():
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+
+
+def cli(*args) -> list[str]:
+    return [sys.executable, "-m", "looped", "train", "--preset", "tiny", "--recurrences", "2", "--size", "1",
+            "--quiet", *map(str, args)]
+
+
+def files_under(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+
+
+# ----------------------------------------------------------------------------- the record
+
+def test_loss_falls_and_record_is_complete(baseline):
+    rec = baseline
+    for k in RECORD_FIELDS:
+        assert k in rec, k
+    cfg = model_config("tiny", r=2, s=1)
+    assert rec["config"] == cfg.to_dict()
+    assert (rec["n"], rec["n_once"], rec["n_rec"]) == (accounting.n_params(cfg), accounting.n_once(cfg),
+                                                      accounting.n_rec(cfg))
+    assert rec["n"] == rec["n_once"] + rec["n_rec"]
+    assert rec["flops_per_token"] == accounting.flops_per_token(cfg)
+    assert rec["budget"] is None and rec["steps"] == STEPS and rec["tokens"] == STEPS * 256
+    assert rec["status"] == "ok" and rec["run_id"] == "steps40_r2_s1"
+    assert math.isfinite(rec["loss"]) and 0 < rec["loss"] < math.log(256)  # beats the uniform guess
+    curve = rec["train_loss_curve"]
+    assert [s for s, _ in curve] == list(range(STEPS))  # log_every=1
+    first, last = sum(l for _, l in curve[:3]) / 3, sum(l for _, l in curve[-3:]) / 3
+    assert last < first - 0.2, (first, last)
+    assert rec["wall_seconds"] > 0 and rec["tokens_per_s"] > 0
+    assert rec["flops_per_s"] == pytest.approx(rec["tokens_per_s"] * rec["flops_per_token"])
+    assert rec["device"].startswith("cpu") and rec["versions"]["torch"] == torch.__version__
+    assert rec["git_commit"] is None or len(rec["git_commit"]) >= 40
+    # written atomically: the file is exactly the returned record, and nothing else is left over
+    folder = Path(rec["train"]["out"]).parent
+    assert json.loads(Path(rec["train"]["out"]).read_text()) == json.loads(json.dumps(rec))
+    assert files_under(folder) == ["rec.json"]
+
+
+def test_existing_record_is_never_overwritten_silently(tmp_path, tiny_data, capsys):
+    out = tmp_path / "rec.json"
+    out.write_text('{"status": "ok", "keep": true}')
+    with pytest.raises(TrainError, match="exists"):
+        train(TrainConfig(**BASE, steps=2, out=str(out)))
+    assert json.loads(out.read_text())["keep"]
+    assert train_main(["--preset", "tiny", "--size", "1", "--steps", "2", "--quiet", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("looped train: error:") and "exists" in err and len(err.splitlines()) == 1
+    rec = train(TrainConfig(**BASE, steps=2, out=str(out), overwrite=True))
+    assert json.loads(out.read_text())["loss"] == rec["loss"]
+    assert files_under(tmp_path) == ["rec.json"]
+
+
+def test_only_rank_0_writes_the_record(tmp_path, tiny_data, monkeypatch):
+    monkeypatch.setenv("RANK", "1")  # world size 1, so no process group: just the rank gate
+    rec = train(TrainConfig(**BASE, steps=2, out=str(tmp_path / "rec.json"), checkpoint_every=1))
+    assert rec["status"] == "ok" and files_under(tmp_path) == []
+
+
+# ----------------------------------------------------------------------------- determinism and resume
+
+def test_same_seed_same_losses(baseline):
+    again = train(TrainConfig(**BASE, steps=STEPS))
+    assert again["loss"] == baseline["loss"]
+    assert again["train_loss_curve"] == baseline["train_loss_curve"]
+    other = train(TrainConfig(**BASE, steps=3, seed=7))
+    assert other["train_loss_curve"][0] != baseline["train_loss_curve"][0]
+
+
+def test_resume_in_process(baseline, tmp_path):
+    out, ckpt = tmp_path / "rec.json", tmp_path / "ckpt" / "rec.pt"
+    tc = dict(**BASE, steps=STEPS, out=str(out), checkpoint_every=5)
+    assert train(TrainConfig(**tc, stop_after=13)) == {"status": "stopped", "step": 13}
+    assert ckpt.exists() and not out.exists()  # the last checkpoint is at step 10
+    rec = train(TrainConfig(**tc))
+    assert rec["loss"] == baseline["loss"]
+    assert rec["train_loss_curve"] == baseline["train_loss_curve"]
+    assert files_under(tmp_path) == ["rec.json"]  # the checkpoint is scratch: gone once the record exists
+
+
+def test_resume_after_sigkill(baseline, tmp_path):
+    out = tmp_path / "rec.json"
+    ckpt = tmp_path / "ckpt" / "rec.pt"
+    cmd = cli("--steps", STEPS, "--out", out, "--checkpoint-every", 5)
+    proc = subprocess.Popen(cmd, env=env1(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while not ckpt.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    _, err = proc.communicate()
+    assert proc.returncode == -signal.SIGKILL, err.decode()[-2000:]
+    assert ckpt.exists() and not out.exists(), "the run finished before it could be killed"
+    done = subprocess.run(cmd, env=env1(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    rec = json.loads(out.read_text())
+    assert rec["status"] == "ok" and summary["loss"] == rec["loss"]
+    assert rec["loss"] == pytest.approx(baseline["loss"], abs=1e-6)
+    assert rec["train_loss_curve"][-1] == baseline["train_loss_curve"][-1]
+    assert files_under(tmp_path) == ["rec.json"]
+
+
+def test_corrupt_checkpoint_is_a_one_line_error(tmp_path, tiny_data, capsys):
+    out, ckpt = tmp_path / "rec.json", tmp_path / "ckpt" / "rec.pt"
+    tc = dict(**BASE, steps=10, out=str(out), checkpoint_every=2)
+    train(TrainConfig(**tc, stop_after=3))
+    ckpt.write_bytes(ckpt.read_bytes()[: ckpt.stat().st_size // 2])
+    with pytest.raises(TrainError, match="unreadable"):
+        train(TrainConfig(**tc))
+    args = ["--preset", "tiny", "--recurrences", "2", "--size", "1", "--steps", "10", "--quiet", "--out", str(out),
+            "--checkpoint-every", "2"]
+    assert train_main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "unreadable" in err and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert not out.exists()
+    # --no-resume starts over instead (and the result is an ordinary run)
+    assert train_main(args + ["--no-resume"]) == 0
+    assert json.loads(out.read_text())["status"] == "ok"
+
+
+def test_checkpoint_of_another_config_is_refused(tmp_path, tiny_data):
+    ckpt = tmp_path / "shared.pt"
+    train(TrainConfig(**BASE, steps=10, checkpoint=str(ckpt), checkpoint_every=2, stop_after=2))
+    for other in (dict(seed=1), dict(lr_scale=2.0), dict(steps=12), dict(micro_batch=4)):
+        kw = {**BASE, "steps": 10, **other}
+        with pytest.raises(TrainError, match="different run configuration"):
+            train(TrainConfig(**kw, checkpoint=str(ckpt)))
+    with pytest.raises(TrainError, match="different run configuration"):
+        train(TrainConfig(**{**BASE, "r": 4}, steps=10, checkpoint=str(ckpt)))
+
+
+# ----------------------------------------------------------------------------- DDP
+
+@pytest.mark.slow
+def test_ddp_two_processes_match_one(baseline, tmp_path):
+    """Two gloo ranks x 4 rows = the same 8-row global batch.  DDP averages the ranks' gradients
+    (the mean of two 4-row means) where one process takes one 8-row mean, so sums happen in a
+    different order: agreement is to float rounding (~1e-7 per step), not bitwise."""
+    out = tmp_path / "rec.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "looped", "train", "--preset", "tiny", "--recurrences", "2", "--size", "1", "--quiet",
+           "--steps", str(STEPS), "--out", str(out), "--checkpoint-every", "10"]
+    done = subprocess.run(cmd, env=env1(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summaries = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    assert len(summaries) == 1  # only rank 0 reports
+    rec = json.loads(out.read_text())
+    assert rec["world_size"] == 2 and rec["status"] == "ok"
+    assert rec["loss"] == pytest.approx(baseline["loss"], abs=1e-4)
+    assert files_under(tmp_path) == ["rec.json"]
+
+
+# ----------------------------------------------------------------------------- divergence
+
+def test_nan_loss_stops_the_run_as_diverged(tmp_path, tiny_data, monkeypatch, capsys):
+    from looped.model import LoopedGPT
+    forward, calls = LoopedGPT.forward, {"n": 0}
+
+    def poisoned(self, idx, targets=None):
+        out = forward(self, idx, targets)
+        if targets is not None and self.training:
+            calls["n"] += 1
+            if calls["n"] > 3:
+                return out * float("nan")
+        return out
+
+    monkeypatch.setattr(LoopedGPT, "forward", poisoned)
+    out = tmp_path / "runs" / "bad.json"
+    rec = train(TrainConfig(**BASE, steps=20, out=str(out), checkpoint_every=2))
+    assert rec["status"] == "diverged" and rec["loss"] is None
+    assert rec["train_loss_curve"][-1] == [3, None] and len(rec["train_loss_curve"]) == 4
+    assert json.loads(out.read_text())["status"] == "diverged"
+    assert files_under(out.parent) == ["bad.json"]
+    # the CLI says so with exit code 3 (not an error: the record is a valid result)
+    calls["n"] = 0
+    code = train_main(["--preset", "tiny", "--size", "1", "--steps", "20", "--quiet", "--out", str(tmp_path / "cli.json")])
+    assert code == 3 and '"status": "diverged"' in capsys.readouterr().out
+    # the fitter ignores diverged runs
+    fit = pytest.importorskip("looped.fit")
+    monkeypatch.setattr(LoopedGPT, "forward", forward)
+    train(TrainConfig(**BASE, steps=2, out=str(out.parent / "good.json")))
+    runs = fit.load_runs(out.parent)
+    assert len(runs) == 1 and runs.iloc[0]["loss"] > 0
+
+
+# ----------------------------------------------------------------------------- micro-batches, budgets, bad input
+
+def test_gradient_accumulation_matches_one_batch(baseline):
+    """4 micro-batches of 2 rows = one batch of 8, up to float rounding: the gradient is summed
+    in another order, and MuonH's normalised updates let those ~1e-7 differences grow to ~1e-5
+    in 40 steps.  A real accumulation bug (wrong scaling, wrong rows) shows at step 0 by ~1e-2."""
+    rec = train(TrainConfig(**BASE, steps=STEPS, micro_batch=2))
+    assert rec["loss"] == pytest.approx(baseline["loss"], abs=1e-4)
+    for (step, a), (_, b) in zip(rec["train_loss_curve"][:20], baseline["train_loss_curve"][:20]):
+        assert a == pytest.approx(b, abs=2e-5), step
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(micro_batch=3), "do not split"),
+    (dict(micro_batch=16), "do not split"),
+    (dict(micro_batch=-1), "do not split"),
+    (dict(batch_tokens=100), "multiple of seq_len"),
+    (dict(steps=0), "steps must be"),
+    (dict(budget=1e9), "exactly one"),
+    (dict(steps=None), "exactly one"),
+    (dict(r=3), "must divide"),
+])
+def test_impossible_settings_are_config_errors(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        train(TrainConfig(**{**BASE, "steps": 5, **kw}))
+
+
+def test_budget_sets_steps_through_accounting(tmp_path, tiny_data):
+    cfg = model_config("tiny", r=2, s=1)
+    budget = accounting.flops_per_token(cfg) * 256 * 7.2
+    rec = train(TrainConfig(**{**BASE, "log_every": 10}, budget=budget, out=str(tmp_path / "rec.json")))
+    assert rec["steps"] == accounting.steps_for_budget(cfg, budget, 256) == 7
+    assert rec["tokens"] == 7 * 256 and rec["budget"] == budget
+    assert rec["run_id"] == run_id(TrainConfig(**BASE, budget=budget)) == f"C{budget:.3g}_r2_s1".replace("+", "")
+
+
+def test_budget_beyond_the_corpus_is_refused(tmp_path, tiny_data, capsys):
+    rows = data.Dataset(tiny_data).n_rows("train")
+    cfg = model_config("tiny", r=2, s=1)
+    budget = accounting.flops_per_token(cfg) * 256 * (rows // 8 + 5)
+    with pytest.raises(TrainError, match="never repeat data"):
+        train(TrainConfig(**BASE, budget=budget))
+    out = tmp_path / "rec.json"
+    assert train_main(["--preset", "tiny", "--recurrences", "2", "--size", "1", "--budget", f"{budget:.6g}",
+                       "--quiet", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "never repeat data" in err and len(err.splitlines()) == 1
+    assert not out.exists()
+
+
+def test_cli_accepts_the_torchrun_separator(tmp_path, tiny_data, capsys):
+    out = tmp_path / "rec.json"
+    assert train_main(["--", "--preset", "tiny", "--r", "1", "--size", "1", "--steps", "2", "--quiet", "--out", str(out)]) == 0
+    assert json.loads(capsys.readouterr().out)["run_id"] == "steps2_r1_s1"
+    assert json.loads(out.read_text())["r"] == 1
+
+
+def test_atomic_write_json_leaves_no_temp_files(tmp_path):
+    path = tmp_path / "a" / "b.json"
+    atomic_write_json(path, {"x": 1})
+    atomic_write_json(path, {"x": 2})
+    assert json.loads(path.read_text()) == {"x": 2} and files_under(tmp_path) == ["a/b.json"]
