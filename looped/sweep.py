@@ -102,6 +102,14 @@ def load_study(name: str, grid: str | Path | None = None, preset: str = "cpu") -
         k = int(row.bptt_k)
         runs.append(Run(name, preset, float(row.budget_flops), int(row.r), float(row.s), injection, lanes,
                         None if k >= row.r else k))
+    # Records are keyed by run_id (budget to 3 significant digits): two different rows with one
+    # id would silently share a record, the second skipped as done.  This also validates every
+    # row's architecture (ConfigError) before anything runs.
+    seen: dict[str, Run] = {}
+    for run in runs:
+        other = seen.setdefault(run.run_id, run)
+        if other != run:
+            raise SweepError(f"grid rows {other} and {run} share the run id {run.run_id!r}")
     return runs
 
 

@@ -1,0 +1,324 @@
+"""The sweep runner (looped.sweep) on a tiny ad-hoc grid: every run once, skip/retry on rerun,
+failures recorded, shards, dry run, a SIGKILLed `looped sweep` restarted to the same records,
+the runs table/CSV and the CLI's failure paths."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from looped import accounting, data, sweep
+from looped.config import model_config
+from looped.train import atomic_write_json
+
+REPO = Path(__file__).resolve().parents[1]
+STUDY = "t"
+NAME = "tiny-test"
+GRID_COLUMNS = ["study", "budget_flops", "r", "s", "injection", "bptt_k"]
+
+
+def budget(steps: float, r: int = 2) -> float:
+    """A budget worth about `steps` steps of a tiny s=1 model (8 rows x 32 tokens per step)."""
+    return float(f"{accounting.flops_per_token(model_config('tiny', r=r, s=1)) * 256 * steps:.3g}")
+
+
+def grid_rows():
+    # ~10 steps each; r=1 plain, r=2 linear, r=4 truncated (k=1), r=2 hyperconnections
+    return [(STUDY, budget(10), 1, 1, "none", 1), (STUDY, budget(10), 2, 1, "linear", 2),
+            (STUDY, budget(10), 4, 1, "linear", 1), (STUDY, budget(10), 2, 1, "hyperconnect_2lanes", 2),
+            ("other", budget(3), 2, 1, "linear", 2)]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def grid_csv(tmp_path_factory):
+    data.prepare("tiny")
+    path = tmp_path_factory.mktemp("grid") / "grid.csv"
+    pd.DataFrame(grid_rows(), columns=GRID_COLUMNS).to_csv(path, index=False)
+    return path
+
+
+@pytest.fixture
+def study(grid_csv, monkeypatch):
+    """Register the grid as a named study, as runs/paper/grids.csv is."""
+    monkeypatch.setitem(sweep.GRID_FILES, "tiny", grid_csv)
+    monkeypatch.setitem(sweep.STUDIES, NAME, ("tiny", STUDY, "tiny"))
+    return NAME
+
+
+@pytest.fixture(scope="module")
+def reference(grid_csv, tmp_path_factory):
+    """An uninterrupted sweep of the grid, in process: the reference records."""
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("reference")
+    log = []
+    table = sweep.sweep(STUDY, out, grid=grid_csv, preset="tiny", checkpoint_every=2, log=log.append)
+    return out, table, log
+
+
+def records(folder: Path) -> dict[str, dict]:
+    return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
+
+
+def all_files(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+
+
+def env1():
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+
+
+def fake_train(calls):
+    """Stands in for train(): records the call and writes a minimal 'ok' record."""
+    from looped.train import run_id
+
+    def train(tc):
+        calls.append(run_id(tc))
+        rec = {"run_id": run_id(tc), "status": "ok", "loss": 1.0, "r": tc.r, "s": tc.s, "study": tc.study}
+        atomic_write_json(Path(tc.out), rec)
+        return rec
+    return train
+
+
+# ----------------------------------------------------------------------------- studies
+
+def test_load_study_named_and_adhoc(study, grid_csv):
+    runs = sweep.load_study(study)
+    adhoc = sweep.load_study(STUDY, grid_csv, "tiny")
+    assert [r.run_id for r in runs] == [r.run_id for r in adhoc]
+    assert {r.study for r in runs} == {study} and {r.study for r in adhoc} == {STUDY}
+    assert [(r.r, r.injection, r.lanes, r.bptt_k) for r in runs] == [
+        (1, "none", 2, None), (2, "linear", 2, None), (4, "linear", 2, 1), (2, "hyperconnect", 2, None)]
+    assert len({r.run_id for r in runs}) == len(runs) and all(r.preset == "tiny" for r in runs)
+    with pytest.raises(sweep.SweepError, match="unknown study"):
+        sweep.load_study("nope")
+    with pytest.raises(sweep.SweepError, match="no rows"):
+        sweep.load_study("nope", grid_csv, "tiny")
+
+
+def test_grid_rows_sharing_a_run_id_are_refused(tmp_path):
+    b = budget(10)
+    path = tmp_path / "dup.csv"
+    pd.DataFrame([(STUDY, b, 2, 1, "linear", 2), (STUDY, b * 1.0001, 2, 1, "linear", 2)],
+                 columns=GRID_COLUMNS).to_csv(path, index=False)
+    with pytest.raises(sweep.SweepError, match="share the run id"):
+        sweep.load_study(STUDY, path, "tiny")
+    pd.DataFrame([(STUDY, b, 3, 1, "linear", 3)], columns=GRID_COLUMNS).to_csv(path, index=False)
+    assert sweep.main([STUDY, "--grid", str(path), "--preset", "tiny", "--out", str(tmp_path / "o")]) == 2
+    assert not (tmp_path / "o").exists()
+
+
+def test_paper_grids_load():
+    for name in ("paper-main", "paper-truncated", "paper-hyper"):
+        runs = sweep.load_study(name)
+        assert runs and len({r.run_id for r in runs}) == len(runs), name
+
+
+# ----------------------------------------------------------------------------- running
+
+def test_sweep_runs_every_run_once(reference, grid_csv):
+    out, table, log = reference
+    runs = sweep.load_study(STUDY, grid_csv, "tiny")
+    recs = records(out)
+    assert sorted(recs) == sorted(r.run_id for r in runs)
+    assert all(rec["status"] == "ok" and rec["study"] == STUDY for rec in recs.values())
+    assert sum(line.startswith("[") for line in log) == len(runs)
+    assert set(table.run_id) == set(recs) and (table.status == "ok").all()
+    for run in runs:
+        rec = recs[run.run_id]
+        cfg = run.model_config()
+        assert rec["steps"] == accounting.steps_for_budget(cfg, run.budget, 256) and rec["budget"] == run.budget
+        assert rec["bptt_k"] == cfg.k_bwd and rec["injection"] == run.injection
+    assert all_files(out) == sorted(f"{k}.json" for k in recs)  # no checkpoints or temp files left
+
+
+def test_rerun_skips_finished_and_retries_failed(reference, grid_csv, tmp_path, monkeypatch):
+    src, _, _ = reference
+    out = tmp_path / "out"
+    recs = records(src)
+    ids = sorted(recs)
+    for rid in ids:
+        atomic_write_json(out / f"{rid}.json", recs[rid])
+    atomic_write_json(out / f"{ids[0]}.json", {**recs[ids[0]], "status": "diverged", "loss": None})
+    atomic_write_json(out / f"{ids[1]}.json", {"run_id": ids[1], "status": "failed", "error": "boom"})
+    (out / f"{ids[2]}.json").write_text('{"run_id": "trunc')  # a torn file (not from us; say, a copy)
+    calls = []
+    monkeypatch.setattr("looped.train.train", fake_train(calls))
+    log = []
+    table = sweep.sweep(STUDY, out, grid=grid_csv, preset="tiny", log=log.append)
+    assert sorted(calls) == sorted([ids[1], ids[2]])
+    assert sum("retrying failed run" in line for line in log) == 2
+    final = records(out)
+    assert final[ids[0]]["status"] == "diverged"  # finished: kept as it was
+    assert final[ids[1]]["status"] == final[ids[2]]["status"] == "ok"
+    assert final[ids[3]] == recs[ids[3]]
+    assert len(table) == len(ids)
+    calls.clear()
+    sweep.sweep(STUDY, out, grid=grid_csv, preset="tiny", log=log.append)
+    assert calls == []
+
+
+def test_a_failing_run_is_recorded_and_the_sweep_goes_on(grid_csv, tmp_path, monkeypatch):
+    calls, ok = [], fake_train([])
+    runs = sweep.load_study(STUDY, grid_csv, "tiny")
+    bad = runs[1].run_id
+
+    def train(tc):
+        from looped.train import run_id
+        calls.append(run_id(tc))
+        if run_id(tc) == bad:
+            raise RuntimeError("CUDA out of memory (simulated)")
+        return ok(tc)
+
+    monkeypatch.setattr("looped.train.train", train)
+    log = []
+    table = sweep.sweep(STUDY, tmp_path, grid=grid_csv, preset="tiny", log=log.append)
+    assert calls == [r.run_id for r in runs]
+    rec = json.loads((tmp_path / f"{bad}.json").read_text())
+    assert rec["status"] == "failed" and "out of memory" in rec["error"] and rec["r"] == runs[1].r
+    assert dict(zip(table.run_id, table.status))[bad] == "failed"
+    assert (table.status == "ok").sum() == len(runs) - 1
+    assert any("failed: RuntimeError" in line for line in log)
+
+
+def test_shards_cover_the_grid_exactly_once(grid_csv, tmp_path, monkeypatch):
+    runs = sweep.load_study(STUDY, grid_csv, "tiny")
+    seen = {}
+    for i in range(2):
+        calls = []
+        monkeypatch.setattr("looped.train.train", fake_train(calls))
+        sweep.sweep(STUDY, tmp_path / f"shard{i}", shard=(i, 2), grid=grid_csv, preset="tiny", log=lambda s: None)
+        seen[i] = calls
+    assert not set(seen[0]) & set(seen[1])
+    assert sorted(seen[0] + seen[1]) == sorted(r.run_id for r in runs)
+    # the CLI's --shard does the same
+    calls = []
+    monkeypatch.setattr("looped.train.train", fake_train(calls))
+    assert sweep.main([STUDY, "--grid", str(grid_csv), "--preset", "tiny", "--out", str(tmp_path / "cli"),
+                       "--shard", "1/2"]) == 0
+    assert calls == seen[1]
+
+
+def test_dry_run_lists_every_run_and_writes_nothing(study, tmp_path, capsys):
+    out = tmp_path / "never"
+    assert sweep.main([study, "--dry-run", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    runs = sweep.load_study(study)
+    header = text.splitlines()[0].split()
+    for col in ("run_id", "n", "flops_per_token", "tokens", "steps", "est_seconds"):
+        assert col in header, col
+    for run in runs:
+        line = next(l for l in text.splitlines() if l.split()[:1] == [run.run_id])
+        s = accounting.summary(run.model_config(), run.budget, 256)
+        fields = dict(zip(header, line.split()))
+        assert int(fields["steps"]) == s["steps"] and int(fields["tokens"]) == s["tokens"]
+        assert int(fields["n"]) == s["n"]
+    assert f"{len(runs)} runs ({len(runs)} to do)" in text and " h left" in text
+    assert not out.exists()
+    table = sweep.plan(runs, peak_flops=1e9, mfu=0.5)
+    assert list(table.run_id) == [r.run_id for r in runs]
+    assert (table.est_seconds == table.flops_per_token * table.tokens / 5e8).all()
+
+
+# ----------------------------------------------------------------------------- kill and restart
+
+def test_sigkilled_sweep_resumes_to_the_same_records(reference, grid_csv, tmp_path):
+    ref, _, _ = reference
+    out = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "looped", "sweep", STUDY, "--grid", str(grid_csv), "--preset", "tiny",
+           "--out", str(out), "--checkpoint-every", "2"]
+    proc = subprocess.Popen(cmd, env=env1(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # kill at a random moment while a run is half done: a record exists and a checkpoint too
+    target = random.Random().randint(1, 2)
+    deadline = time.time() + 240
+    while proc.poll() is None and time.time() < deadline:
+        if len(list(out.glob("*.json"))) >= target and list(out.glob("ckpt/*.pt")):
+            break
+        time.sleep(0.003)
+    proc.send_signal(signal.SIGKILL)
+    _, err = proc.communicate()
+    assert proc.returncode == -signal.SIGKILL, err.decode()[-2000:]
+    assert list(out.glob("ckpt/*.pt")), "the sweep finished before it could be killed"
+    assert len(list(out.glob("*.json"))) < len(records(ref))
+    done = subprocess.run(cmd, env=env1(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got, want = records(out), records(ref)  # every JSON parses
+    assert sorted(got) == sorted(want)
+    for rid in want:
+        assert got[rid]["status"] == "ok"
+        assert got[rid]["loss"] == pytest.approx(want[rid]["loss"], abs=1e-6), rid
+        assert got[rid]["train_loss_curve"][-1] == want[rid]["train_loss_curve"][-1]
+    assert all_files(out) == sorted(f"{k}.json" for k in want)  # no duplicates, temp files or checkpoints
+    assert f"{STUDY}: ok {len(want)}" in done.stdout
+
+
+# ----------------------------------------------------------------------------- runs table and CLI errors
+
+def test_runs_table_and_csv(reference, tmp_path, capsys):
+    src, _, _ = reference
+    csv = tmp_path / "runs.csv"
+    assert sweep.runs_main([str(src), "--csv", str(csv)]) == 0
+    text = capsys.readouterr().out
+    recs = records(src)
+    assert all(rid in text for rid in recs) and f"{len(recs)} runs: ok {len(recs)}" in text
+    table = pd.read_csv(csv)
+    for col in ("r", "n_once", "n_rec", "tokens", "loss", "budget", "s", "study", "status"):
+        assert col in table.columns, col
+    assert len(table) == len(recs)
+    for row in table.itertuples():
+        rec = recs[row.run_id]
+        assert (row.r, row.n_once, row.n_rec, row.tokens) == (rec["r"], rec["n_once"], rec["n_rec"], rec["tokens"])
+        assert row.loss == pytest.approx(rec["loss"], rel=1e-12)
+    fit = pytest.importorskip("looped.fit")
+    assert len(fit.load_runs(csv)) == len(recs)
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["no-such-study"], "unknown study"),
+    ([STUDY, "--shard", "2/2"], "--shard"),
+    ([STUDY, "--shard", "x"], "--shard"),
+    ([STUDY, "--shard", "0/0"], "--shard"),
+    ([STUDY, "--grid", "/no/such/grid.csv", "--preset", "tiny"], "cannot read grid"),
+    ([STUDY, "--grid", "GRID", "--preset", "nope"], "unknown preset"),
+    (["absent", "--grid", "GRID", "--preset", "tiny"], "no rows"),
+])
+def test_sweep_cli_bad_input_exits_2(argv, match, grid_csv, tmp_path, capsys):
+    argv = [str(grid_csv) if a == "GRID" else a for a in argv] + ["--out", str(tmp_path / "o")]
+    assert sweep.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("looped sweep: error:") and match in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_runs_cli_missing_folder_exits_2(tmp_path, capsys):
+    assert sweep.runs_main([str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is not a folder" in err
+
+
+def test_cli_dispatch_exit_codes(capsys):
+    """The real entry point (a subprocess) for one bad input; --help documents the ad-hoc grid."""
+    done = subprocess.run([sys.executable, "-m", "looped", "sweep", "no-such-study"], env=env1(),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    with pytest.raises(SystemExit) as exc:
+        sweep.main(["--help"])
+    assert exc.value.code == 0
+    text = capsys.readouterr().out
+    assert "--grid" in text and "--preset" in text and "budget_flops" in text
