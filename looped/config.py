@@ -43,9 +43,10 @@ class Preset:
 PRESETS = {
     # The paper: 2 + 16 + 2 layers, head_dim 128, Llama-2 vocab (32001 -> 32064), T 2048.
     "paper": Preset("paper", 64, 128, 128, 2, 2, 16, 2048, 32001, 64, 262_144, 10, 70_778_880),
-    # Our CPU preset: 1 + 8 + 1 layers (r in {1,2,4,8} still divides the loop), head_dim 8 (d = 8 s),
-    # a 1024-token BPE trained on the embedded Shakespeare corpus, T 128.
-    "cpu": Preset("cpu", 8, 8, 8, 1, 1, 8, 128, 1024, 64, 1_024, 2),
+    # Our CPU preset: 1 + 8 + 1 layers (r in {1,2,4,8} still divides the loop), d = 4 s, the
+    # paper's head_dim 128 (so every CPU width is a single head of dim d), a 1024-token BPE
+    # trained on the embedded Shakespeare corpus, T 128, 8 rows per step.
+    "cpu": Preset("cpu", 4, 2, 128, 1, 1, 8, 128, 1024, 64, 1_024, 4),
     # A toy preset for unit tests: a forward+backward takes milliseconds.
     "tiny": Preset("tiny", 8, 16, 16, 1, 1, 8, 32, 256, 64, 256, 4, 4_096),
 }
@@ -142,7 +143,9 @@ def model_config(preset: Preset | str = "paper", r: int = 1, s: float = 10, inje
         injection = "none" if r == 1 else "linear"
     if bptt_k == r:
         bptt_k = None  # differentiating through all r recurrences is plain full backprop
-    cfg = ModelConfig(d_model=width(p, s), head_dim=p.head_dim, n_prelude=p.n_prelude,
+    d = width(p, s)
+    # a model narrower than one head gets a single head of dim d
+    cfg = ModelConfig(d_model=d, head_dim=min(p.head_dim, d), n_prelude=p.n_prelude,
                       n_loop_layers=p.loop_depth // r, n_coda=p.n_coda, r=r, injection=injection,
                       lanes=lanes, bptt_k=bptt_k, seq_len=p.seq_len, vocab_size=p.vocab_size,
                       vocab_pad=p.vocab_pad, softcap=p.softcap, preset=p.name, s=s)
