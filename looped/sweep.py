@@ -153,6 +153,9 @@ def sweep(study: str, out: str | Path, shard: tuple[int, int] = (0, 1), checkpoi
         path = out / f"{run.run_id}.json"
         status = record_status(path)
         if status in ("ok", "diverged"):
+            stale = out / "ckpt" / f"{run.run_id}.pt"  # killed between writing the record and
+            if stale.exists():                         # deleting its checkpoint
+                stale.unlink(missing_ok=True)
             continue
         log(f"[{n}/{len(mine)}] {run.run_id}" + (" (retrying failed run)" if status else ""))
         t0 = time.time()
