@@ -21,10 +21,10 @@ def bench_train(argv) -> int:
 
     ap = argparse.ArgumentParser(prog="looped bench train")
     ap.add_argument("--preset", default="cpu")
-    ap.add_argument("--sizes", default="2,4,6", help="comma-separated widths s")
+    ap.add_argument("--sizes", default="6,32,64", help="comma-separated widths s (cpu preset: d = 4 s)")
     ap.add_argument("--r", default="1,4", help="comma-separated recurrences")
     ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     ap.add_argument("--peak-size", type=int, default=1024, help="square matmul size for the peak")
     a = ap.parse_args(argv)
     if a.threads:
