@@ -22,3 +22,13 @@ def pytest_ignore_collect(collection_path, config):
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO_ROOT
+
+
+@pytest.fixture
+def one_thread():
+    """Training tests run single-threaded: faster on a shared 2-core machine, and bit-stable."""
+    import torch
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

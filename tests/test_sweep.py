@@ -38,12 +38,7 @@ def grid_rows():
             ("other", budget(3), 2, 1, "linear", 2)]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # the shared 2-core machine
 
 
 @pytest.fixture(scope="module")

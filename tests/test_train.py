@@ -31,12 +31,7 @@ RECORD_FIELDS = ("config", "n", "n_once", "n_rec", "flops_per_token", "budget", 
                  "git_commit", "status")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # the shared 2-core machine
 
 
 @pytest.fixture(scope="module")
