@@ -123,19 +123,44 @@ def record_status(path: Path) -> str | None:
         return "corrupt"
 
 
-def plan(runs: list[Run], peak_flops: float, mfu: float) -> pd.DataFrame:
-    """Every run's size, tokens and steps, and its wall time at `mfu` of the given peak."""
+def plan(runs: list[Run], peak_flops: float, mfu: float, timing: tuple[float, float] | None = None) -> pd.DataFrame:
+    """Every run's size, tokens and steps, and an estimate of its wall time.
+
+    With `timing` = (seconds per step, seconds per FLOP) fitted to finished runs on this
+    machine (see `time_model`) the estimate includes the per-step overhead that dominates
+    small models; otherwise it assumes `mfu` of the measured matmul peak.
+    """
     rows = []
     for run in runs:
         cfg = run.model_config()
         bt = get_preset(run.preset).batch_tokens
         s = accounting.summary(cfg, run.budget, bt)
+        flops = s["flops_per_token"] * s["tokens"]
+        est = timing[0] * s["steps"] + timing[1] * flops if timing else flops / (peak_flops * mfu)
         rows.append({"run_id": run.run_id, "budget": run.budget, "r": run.r, "s": run.s,
                      "injection": run.injection, "bptt_k": cfg.k_bwd, "d_model": cfg.d_model,
                      "n": s["n"], "n_once": s["n_once"], "n_rec": s["n_rec"],
                      "flops_per_token": s["flops_per_token"], "tokens": s["tokens"], "steps": s["steps"],
-                     "est_seconds": s["flops_per_token"] * s["tokens"] / (peak_flops * mfu)})
+                     "est_seconds": est})
     return pd.DataFrame(rows)
+
+
+def time_model(records: pd.DataFrame) -> tuple[float, float] | None:
+    """Least-squares fit of wall seconds = a * steps + b * FLOPs over finished runs (a, b >= 0).
+
+    Needs at least 4 finished runs; returns None otherwise (the caller falls back to the peak).
+    """
+    import numpy as np
+    ok = records[(records.status == "ok") & records.wall_seconds.notna()]
+    if len(ok) < 4:
+        return None
+    X = np.stack([ok.steps.astype(float), ok.flops_per_token.astype(float) * ok.tokens.astype(float)], 1)
+    coef = np.linalg.lstsq(X, ok.wall_seconds.astype(float).to_numpy(), rcond=None)[0]
+    if (coef < 0).any():  # one term explains it all: keep the better single-term fit
+        single = [float(ok.wall_seconds @ X[:, j] / (X[:, j] @ X[:, j])) for j in (0, 1)]
+        err = [np.sum((ok.wall_seconds - single[j] * X[:, j]) ** 2) for j in (0, 1)]
+        coef = np.array([single[0], 0.0]) if err[0] <= err[1] else np.array([0.0, single[1]])
+    return float(coef[0]), float(coef[1])
 
 
 def sweep(study: str, out: str | Path, shard: tuple[int, int] = (0, 1), checkpoint_every: int = 25,
@@ -232,6 +257,9 @@ def main(argv=None) -> int:
     ap.add_argument("--shard", default="0/1", help="i/n: run every n-th run starting at i")
     ap.add_argument("--dry-run", action="store_true", help="list the runs and estimate their wall time")
     ap.add_argument("--mfu", type=float, default=0.3, help="assumed MFU for --dry-run estimates")
+    ap.add_argument("--timing-from", nargs="+", default=None, metavar="DIR",
+                    help="--dry-run: fit the wall-time model to the finished runs in these folders "
+                         "(default: the study's own folder; with fewer than 4, assume --mfu)")
     ap.add_argument("--checkpoint-every", type=int, default=25)
     ap.add_argument("--verbose", action="store_true", help="progress bar per run")
     a = ap.parse_args(argv)
@@ -250,14 +278,19 @@ def main(argv=None) -> int:
             from .train import matmul_peak
             device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
             peak = matmul_peak(device, torch.bfloat16 if device.type == "cuda" else torch.float32)
-            table = plan([r for k, r in enumerate(runs) if k % n == i], peak, a.mfu)
+            sources = [Path(p) for p in (a.timing_from or [out])]
+            finished = pd.concat([read_records(p) for p in sources if p.is_dir()] or [pd.DataFrame(columns=COLUMNS)])
+            timing = time_model(finished)
+            table = plan([r for k, r in enumerate(runs) if k % n == i], peak, a.mfu, timing)
             table["done"] = [record_status(out / f"{rid}.json") or "" for rid in table.run_id]
             with pd.option_context("display.max_rows", 1000, "display.width", 200):
                 print(table.drop(columns=["n_once", "n_rec"]).to_string(index=False, float_format="%.4g"))
             todo = table[~table.done.isin(["ok", "diverged"])]
+            basis = (f"{timing[0] * 1e3:.0f} ms/step + {timing[1] * 1e12:.1f} s/TFLOP fitted to {len(finished)} "
+                     f"finished runs in {', '.join(map(str, sources))}" if timing else
+                     f"{a.mfu:.0%} of the measured {peak / 1e9:.0f} GFLOP/s matmul peak ({device.type})")
             print(f"\n{len(table)} runs ({len(todo)} to do), {table.flops_per_token.mul(table.tokens).sum():.3g} FLOPs; "
-                  f"estimated {todo.est_seconds.sum() / 3600:.2f} h left at {a.mfu:.0%} of the measured "
-                  f"{peak / 1e9:.0f} GFLOP/s matmul peak ({device.type})")
+                  f"estimated {todo.est_seconds.sum() / 3600:.2f} h left at {basis}")
             return 0
         table = sweep(a.study, out, (i, n), a.checkpoint_every, quiet=not a.verbose, grid=a.grid,
                       preset=a.preset)
