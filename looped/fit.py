@@ -377,7 +377,7 @@ def _lbfgsb(theta0: np.ndarray, data: _Data, weights: np.ndarray | None, free: n
     return th, float(res.fun), int(res.nit)
 
 
-def serial_fit(data: _Data, starts: np.ndarray, free: np.ndarray, weights=None, options=None):
+def serial_fit(data: "_Data", starts: np.ndarray, free: np.ndarray, weights=None, options=None):
     """Reference: one scipy L-BFGS-B solve per restart, in turn.  Returns (theta*, f*, seconds, nits)."""
     t0 = time.perf_counter()
     best, fbest, nits = None, np.inf, []
@@ -761,6 +761,102 @@ def compute_optimal(result: FitResult, preset="paper", r=(1, 2, 4, 8), budgets=N
     return pd.DataFrame(rows)
 
 
+def _law_dict(law) -> dict:
+    """A, alpha, B, beta, E, phi from a FitResult or a dict (phi None or absent: Chinchilla, N unique)."""
+    get = (lambda k: law.get(k)) if isinstance(law, dict) else (lambda k: getattr(law, k))
+    out = {k: get(k) for k in REPORT}
+    for k in ("A", "alpha", "B", "beta", "E"):
+        if out[k] is None:
+            raise FitError(f"the law has no value for {k}")
+        out[k] = float(out[k])
+    return out
+
+
+def _width_polynomials(preset, r: int, injection=None, bptt_k=None) -> np.ndarray:
+    """Coefficients (3 rows: n_once, n_rec, flops_per_token; columns d^0, d^1, d^2) of the
+    accounting as exact quadratics in the width d (every term of `accounting` is of degree <= 2)."""
+    from . import accounting as acc
+    ds = np.array([1.0, 2.0, 3.0])
+    vals = np.array([[f(_cfg_at_width(preset, r, d, injection, bptt_k)) for d in ds]
+                     for f in (acc.n_once, acc.n_rec, acc.flops_per_token)], float)
+    return np.linalg.solve(np.vander(ds, 3, increasing=True), vals.T).T
+
+
+def compute_optimal_frontier(law, preset="paper", r=(1, 2, 4, 8), budgets=None,
+                             injection: str | None = None, bptt_k=None,
+                             d_bounds=(8.0, 1e6)) -> "pd.DataFrame":
+    """The compute-optimal frontier of a law with the width treated as continuous.
+
+    Like `compute_optimal`, but instead of the preset's discrete widths the loss
+    L(d) = E + A N_eff(d)^(-alpha) + B (C / F(d))^(-beta) is minimised over a continuous width
+    d (the accounting is an exact quadratic in d), so N*, D* and L* are smooth in C.  `law` is a
+    FitResult or a dict with A, alpha, B, beta, E, phi.  injection / bptt_k as in
+    `compute_optimal` (bptt_k may be a callable r -> k).  One row per (r, budget): d_model,
+    n_star (unique non-embedding params), n_once, n_rec, n_eff, tokens_star (= C / F),
+    tokens_per_param (D* / N*), flops_per_token (training, F), loss_star, at_edge (the optimum
+    hit d_bounds)."""
+    import pandas as pd
+    from scipy.optimize import minimize_scalar
+
+    p = _law_dict(law)
+    rs = [r] if np.isscalar(r) else list(r)
+    budgets = [4.64e17, 1e18, 2.15e18, 4.64e18, 1e19, 2.15e19] if budgets is None else list(budgets)
+    lo, hi = np.log(d_bounds[0]), np.log(d_bounds[1])
+    grid = np.linspace(lo, hi, 241)
+    rows = []
+    for rr in rs:
+        k = bptt_k(rr) if callable(bptt_k) else bptt_k
+        k = None if (k is None or k >= rr) else k
+        poly = _width_polynomials(preset, rr, injection if rr > 1 else None, k)
+        gain = 1.0 if p["phi"] is None else float(rr) ** p["phi"]
+
+        def parts(u):
+            d = np.exp(u)
+            no, nr, fl = (c[0] + c[1] * d + c[2] * d * d for c in poly)
+            return no, nr, fl
+
+        for C in budgets:
+            def loss(u):
+                no, nr, fl = parts(u)
+                return p["E"] + p["A"] * (no + gain * nr) ** (-p["alpha"]) + p["B"] * (C / fl) ** (-p["beta"])
+
+            i = int(np.argmin(loss(grid)))
+            a, b = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
+            u = minimize_scalar(loss, bounds=(a, b), method="bounded", options={"xatol": 1e-10}).x
+            no, nr, fl = (float(v) for v in parts(u))
+            n = no + nr
+            rows.append(dict(r=rr, budget=float(C), d_model=float(np.exp(u)), n_star=n, n_once=no, n_rec=nr,
+                             n_eff=no + gain * nr, tokens_star=C / fl, tokens_per_param=C / fl / n,
+                             flops_per_token=fl, loss_star=float(loss(u)),
+                             at_edge=bool(u - lo < 1e-6 or hi - u < 1e-6)))
+    return pd.DataFrame(rows)
+
+
+def compute_optimal_for_loss(law, target: float, preset="paper", r=(1, 2, 4, 8), injection: str | None = None,
+                             bptt_k=None, budget_bounds=(1e12, 1e30)) -> "pd.DataFrame":
+    """For each r, the compute-optimal model (on `compute_optimal_frontier`) whose predicted loss
+    equals `target`: the smallest training budget that reaches it, and that model.  Raises
+    FitError when the target is at or below the law's floor E or outside budget_bounds."""
+    import pandas as pd
+    from scipy.optimize import brentq
+
+    p = _law_dict(law)
+    if not target > p["E"]:
+        raise FitError(f"target loss {target:g} is not above the law's irreducible loss E = {p['E']:g}")
+    rs = [r] if np.isscalar(r) else list(r)
+    out = []
+    for rr in rs:
+        def gap(logc):
+            return compute_optimal_frontier(p, preset, rr, [math.exp(logc)], injection, bptt_k)["loss_star"].iloc[0] - target
+
+        a, b = math.log(budget_bounds[0]), math.log(budget_bounds[1])
+        if gap(a) < 0 or gap(b) > 0:
+            raise FitError(f"target loss {target:g} is not reached for r={rr} within budgets {budget_bounds}")
+        logc = brentq(gap, a, b, xtol=1e-10)
+        out.append(compute_optimal_frontier(p, preset, rr, [math.exp(logc)], injection, bptt_k).assign(target=target))
+    return pd.concat(out, ignore_index=True)
+
+
 # --------------------------------------------------------------------------------------------
 # Synthetic runs, CLI, benchmark
 # --------------------------------------------------------------------------------------------
@@ -935,3 +1031,163 @@ def benchmark(argv=None) -> int:
         print(f"warm-start bootstrap check: {min(a.check_resamples, a.bootstrap)} resamples refitted with all "
               f"{a.restarts} restarts; worst relative excess of the warm-start objective {worst:+.2e}")
     return 0
+
+
+# --------------------------------------------------------------------------------------------
+# Case studies: refit on (case-study runs, r > 1) + (plain r = 1 runs) vs the baseline refit
+# --------------------------------------------------------------------------------------------
+
+def _as_runs(runs):
+    """A runs table from a DataFrame, a CSV / record folder, or None; a missing folder, a folder
+    without records or None give an empty table (a sweep that has not started yet)."""
+    import pandas as pd
+
+    empty = pd.DataFrame(columns=list(REQUIRED) + ["budget"])
+    if runs is None:
+        return empty
+    if isinstance(runs, pd.DataFrame):
+        return _validate(runs) if len(runs) else empty
+    p = Path(runs)
+    if not p.exists() or (p.is_dir() and not any(p.rglob("*.json"))):
+        return empty
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return load_runs(p)
+
+
+def _in_budgets(df, budgets) -> np.ndarray:
+    b = df["budget"].to_numpy(float)
+    return np.isclose(b[:, None], np.asarray(budgets, float)[None, :], rtol=1e-6, atol=0).any(1)
+
+
+def _sorted_cells(df):
+    """Rows ordered by (budget, r, width): the bootstrap then numbers the cells the same way in
+    every table that holds the same cells, so two fits with one seed draw paired resamples."""
+    keys = [c for c in ("budget", "r", "n_once", "n_rec") if c in df.columns]
+    return df.sort_values(keys, kind="stable").reset_index(drop=True)
+
+
+def case_study_runs(main, study, budgets=None, study_r=None):
+    """The two runs tables of a case study (paper-facts section 6).
+
+    baseline: every run of the main study at the case-study budgets (all r);
+    variant: the main study's plain r = 1 runs at those budgets plus the case study's runs
+    with r > 1 (only r in `study_r` when given).  `budgets` defaults to the budgets present in
+    the case-study runs (to all budgets of the main study while there are none).  Both inputs may be DataFrames or record folders / CSV files.
+    Returns (baseline, variant), each sorted by (budget, r, size).
+    """
+    import pandas as pd
+
+    main, study = _as_runs(main), _as_runs(study)
+    for name, df in (("main", main), ("case study", study)):
+        if len(df) and "budget" not in df.columns:
+            raise FitError(f"{name} runs need a budget column")
+    study = study[study["r"].astype(float) > 1] if len(study) else study
+    if study_r is not None and len(study):
+        study = study[study["r"].astype(float).isin([float(r) for r in study_r])]
+    if budgets is None:   # the case study's budgets; all of the main study's while it has no runs
+        src = study if len(study) else main
+        budgets = sorted(src["budget"].astype(float).unique()) if len(src) else []
+    budgets = [float(b) for b in budgets]
+    base = main[_in_budgets(main, budgets)] if len(main) and budgets else main.iloc[0:0]
+    study = study[_in_budgets(study, budgets)] if len(study) and budgets else study.iloc[0:0]
+    plain = base[base["r"].astype(float) == 1]
+    variant = pd.concat([plain, study], ignore_index=True) if len(study) else plain.iloc[0:0]
+    return _sorted_cells(base), _sorted_cells(variant)
+
+
+@dataclass
+class CaseStudy:
+    """A case-study refit beside its baseline (see `case_study`).  A fit that was skipped for
+    lack of runs is None, with the reason in `note`."""
+    name: str
+    budgets: list
+    baseline_runs: "pd.DataFrame"
+    variant_runs: "pd.DataFrame"
+    baseline: FitResult | None
+    variant: FitResult | None
+    note: str = ""
+    study_runs: int = 0
+
+    @property
+    def ok(self) -> bool:
+        """Both fits were done and phi is identifiable in both."""
+        return (self.baseline is not None and self.variant is not None
+                and self.baseline.phi is not None and self.variant.phi is not None)
+
+    @property
+    def delta_phi(self) -> float | None:
+        """phi(variant) - phi(baseline)."""
+        return self.variant.phi - self.baseline.phi if self.ok else None
+
+    @property
+    def paired(self) -> bool:
+        """Both tables hold the same (budget, r) cells, so the two bootstraps (same seed) drew
+        the same cells: their phi samples are paired and `delta_phi_ci` is meaningful."""
+        if not self.ok or self.baseline.boot_samples is None or self.variant.boot_samples is None:
+            return False
+        cells = lambda df: sorted(set(zip(df["budget"].astype(float), df["r"].astype(float))))  # noqa: E731
+        return cells(self.baseline_runs) == cells(self.variant_runs)
+
+    @property
+    def delta_phi_ci(self) -> tuple | None:
+        """(2.5%, 97.5%) percentiles of the paired bootstrap differences of phi, when paired."""
+        if not self.paired:
+            return None
+        d = self.variant.boot_samples[:, 5] - self.baseline.boot_samples[:, 5]
+        lo, hi = np.percentile(d, [2.5, 97.5])
+        return float(lo), float(hi)
+
+    def table(self) -> "pd.DataFrame":
+        """One row per fit (baseline, variant): runs, phi with its bootstrap interval, alpha,
+        beta, E, A, B, R^2; NaN where a fit was skipped."""
+        import pandas as pd
+        rows = []
+        for label, res, runs in (("baseline", self.baseline, self.baseline_runs),
+                                 (self.name, self.variant, self.variant_runs)):
+            row = {"fit": label, "runs": len(runs)}
+            for k in ("phi", "phi_lo", "phi_hi", "alpha", "beta", "E", "A", "B", "r2"):
+                row[k] = float("nan")
+            if res is not None:
+                for k in ("alpha", "beta", "E", "A", "B", "r2"):
+                    row[k] = getattr(res, k)
+                if res.phi is not None:
+                    row["phi"] = res.phi
+                    row["phi_lo"], row["phi_hi"] = res.ci.get("phi", (float("nan"), float("nan")))
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+
+def case_study(main, study, name: str = "case study", budgets=None, study_r=None, restarts: int = 500,
+               seed: int = 0, bootstrap: int = 0, boot_restarts: int | None = 10,
+               min_runs: int = 12, min_study_runs: int = 6) -> CaseStudy:
+    """The paper's case-study protocol: refit all six parameters on the case study's runs
+    (r > 1) plus the main study's r = 1 runs, and refit the baseline on the main study's runs
+    at the same budgets (see `case_study_runs`).  Both fits use the same restarts and seed.
+
+    A fit is skipped (None, with a reason in `note`) when its table has fewer than `min_runs`
+    runs or lacks looped runs, and the case-study fit also when the case study contributes
+    fewer than `min_study_runs` runs: a study whose sweep has not (fully) run yet.
+    With `bootstrap` > 0 and the same (budget, r) cells in both tables, the two bootstraps are
+    paired (`CaseStudy.delta_phi_ci`).
+    """
+    base, var = case_study_runs(main, study, budgets, study_r)
+    budgets = sorted(base["budget"].astype(float).unique()) if len(base) else []
+    n_study = int((var["r"].astype(float) > 1).sum()) if len(var) else 0
+    notes = []
+
+    def attempt(df, label, extra_ok=True, why=""):
+        if not extra_ok:
+            notes.append(f"{label}: {why}; fit skipped")
+            return None
+        if len(df) < min_runs or is_chinchilla(df):
+            have = f"{len(df)} run(s)" + ("" if len(df) == 0 or not is_chinchilla(df) else ", none looped")
+            notes.append(f"{label}: {have}, need at least {min_runs} with looped runs; fit skipped")
+            return None
+        return fit(df, restarts=restarts, seed=seed, bootstrap=bootstrap, boot_restarts=boot_restarts)
+
+    baseline = attempt(base, "baseline")
+    variant = attempt(var, name, n_study >= min_study_runs,
+                      f"{n_study} case-study run(s) with r > 1, need at least {min_study_runs}")
+    return CaseStudy(name=name, budgets=budgets, baseline_runs=base, variant_runs=var, baseline=baseline,
+                     variant=variant, note="; ".join(notes), study_runs=n_study)

@@ -64,10 +64,12 @@ def polar_express(G: torch.Tensor, steps: int = 5) -> torch.Tensor:
 class MuonH(torch.optim.Optimizer):
     """Muon on the hypersphere: orthogonalised Nesterov momentum, fixed Frobenius norm.
 
-    Per matrix W with gradient g:
+    Per matrix W with gradient g::
+
         buf <- lerp(buf, g, 1 - momentum);  g <- lerp(g, buf, momentum)     (Nesterov)
         X = polar_express(g);  update = X ||W_0||_F / ||X||_F
         W <- W - lr * update;  W <- W ||W_0||_F / ||W||_F
+
     ||W_0||_F is recorded at the first step and kept in the optimizer state (as a Python
     float), so a resumed run projects onto the same sphere.  Because ||update|| = ||W||, the
     relative step ||dW|| / ||W|| is about lr.  No weight decay (the norm is fixed anyway) and
