@@ -216,3 +216,435 @@ def plot_accounting_vs_r(ax=None, s_values=(6, 10, 20, 34), phi: float = PAPER_P
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower left")
     return ax
+
+
+# ----------------------------------------------------------------------------- the iso-depth sweep (chapter 3)
+
+H200_BF16_DENSE_PEAK = 989e12  # FLOP/s: the vendor's dense bf16 tensor-core figure (no sparsity)
+
+
+def _eng(x: float, digits: int = 3) -> str:
+    """A count in engineering notation for tables: 1370000 -> '1.37M'."""
+    if x is None or x != x:
+        return "-"
+    for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= div:
+            return f"{x / div:.{digits}g}{suffix}"
+    return f"{x:.{digits}g}"
+
+
+def _num(v: float) -> str:
+    """3 significant digits without an exponent below 10^5: 4.72, 58.1, 1240."""
+    return f"{v:.3g}" if v < 100 else f"{v:.0f}"
+
+
+def _span(values, fmt=_eng) -> str:
+    """'lo-hi' of a column (one value if they coincide)."""
+    lo, hi = min(values), max(values)
+    return fmt(lo) if fmt(lo) == fmt(hi) else f"{fmt(lo)}-{fmt(hi)}"
+
+
+def study_plan(study: str = "cpu-main", peak_flops: float = 1.0, mfu: float = 1.0):
+    """Every run of a named study with its size, tokens, steps and compute.
+
+    This is ``looped.sweep.plan`` (what ``looped sweep STUDY --dry-run`` prints) plus the
+    columns ``run_flops`` (training FLOPs per token times tokens: the budget up to whole steps)
+    and ``tokens_per_param`` (tokens per unique non-embedding parameter).  ``est_seconds`` is
+    the run's wall time at ``mfu`` of ``peak_flops``.
+    """
+    from .sweep import load_study, plan
+    table = plan(load_study(study), peak_flops, mfu)
+    table["run_flops"] = table["flops_per_token"].astype(float) * table["tokens"]
+    table["tokens_per_param"] = table["tokens"] / table["n"]
+    return table
+
+
+def plan_summary(table):
+    """One row per budget of a study plan: widths, model sizes, tokens, steps, tokens/param.
+
+    Ranges run over the widths of the budget (and over r where marked); N is unique
+    non-embedding parameters, D training tokens per run.
+    """
+    import pandas as pd
+    rows = []
+    for budget, g in table.groupby("budget", sort=True):
+        plain = g[g.r == g.r.min()]
+        deepest = g[g.r == g.r.max()]
+        rows.append({
+            "budget C": f"{budget:.3g}",
+            "runs": len(g),
+            "widths s": ", ".join(f"{s:g}" for s in sorted(g.s.unique())),
+            "d_model": _span(g.d_model, lambda v: f"{int(v)}"),
+            f"N (r={int(plain.r.iloc[0])})": _span(plain.n),
+            f"N (r={int(deepest.r.iloc[0])})": _span(deepest.n),
+            "D per run": _span(g.tokens),
+            "steps": _span(g.steps, lambda v: f"{int(v)}"),
+            f"D/N (r={int(plain.r.iloc[0])})": _span(plain.tokens_per_param, _num),
+        })
+    return pd.DataFrame(rows)
+
+
+def preset_comparison(names=("paper", "cpu")):
+    """The knobs of two presets side by side (rows: depth, width rule, heads, T, vocab, batch)."""
+    import pandas as pd
+    from .config import get_preset
+    out = {}
+    for name in names:
+        p = get_preset(name)
+        out[name] = {
+            "layers (prelude + loop + coda)": f"{p.n_prelude} + {p.loop_depth} + {p.n_coda} = {p.effective_depth}",
+            "d_model": f"{p.width_per_s} s, rounded up to a multiple of {p.width_round}",
+            "attention heads": f"d / {p.head_dim} (one head of dim d below d = {p.head_dim})",
+            "sequence length T": f"{p.seq_len:,}",
+            "vocabulary (padded)": f"{p.vocab_size:,} ({-(-p.vocab_size // p.vocab_pad) * p.vocab_pad:,})",
+            "tokens per optimizer step": f"{p.batch_tokens:,} ({p.batch_tokens // p.seq_len} rows)",
+            "HyperP reference width": f"s = {p.ref_s:g} (d = {model_config(p, r=1, s=p.ref_s).d_model})",
+            "validation tokens": f"{p.eval_tokens:,}",
+        }
+    return pd.DataFrame(out)
+
+
+def flops_shares(preset: str = "cpu", s_values=(1, 2, 4, 6), r: int = 1):
+    """Where a training token's FLOPs go at a few widths: the 6N of the unique non-embedding
+    weights, the LM head (6 V d) and the attention scores (12 d T per layer).
+
+    The three shares add up to 1 for full backpropagation (injection FLOPs count as weights).
+    """
+    import pandas as pd
+    rows = []
+    for s in s_values:
+        cfg = model_config(preset, r=r, s=s)
+        f = acc.flops_per_token(cfg)
+        head = 6 * cfg.padded_vocab * cfg.d_model
+        layers = cfg.n_prelude + cfg.n_coda + cfg.n_loop_layers * cfg.r
+        attn = 12 * cfg.d_model * cfg.seq_len * layers
+        rows.append(dict(preset=preset, s=s, d_model=cfg.d_model, r=r, flops_per_token=f,
+                         weights=(f - head - attn) / f, lm_head=head / f, attention=attn / f))
+    return pd.DataFrame(rows)
+
+
+def study_table(study: str = "cpu-main", runs_dir=None):
+    """The planned runs of a study joined with the records found in ``runs_dir``.
+
+    One row per planned run (``study_plan`` columns) with ``status`` ('ok', 'diverged',
+    'failed', 'corrupt', or 'missing' where no record exists yet), ``loss`` (nats),
+    ``wall_seconds`` and ``tokens_per_s`` from the record.  A missing folder means no records.
+    """
+    from .sweep import read_records
+    table = study_plan(study)
+    runs_dir = repo_root() / "runs" / study if runs_dir is None else Path(runs_dir)
+    cols = ["status", "loss", "wall_seconds", "tokens_per_s"]
+    if runs_dir.is_dir():
+        rec = read_records(runs_dir)[["run_id"] + cols]
+    else:
+        import pandas as pd
+        rec = pd.DataFrame(columns=["run_id"] + cols)
+    table = table.drop(columns=["est_seconds"]).merge(rec, on="run_id", how="left")
+    table["status"] = table["status"].fillna("missing")
+    for c in cols[1:]:
+        table[c] = table[c].astype(float)
+    return table
+
+
+def status_counts(table):
+    """Finished ('ok') runs over planned runs, per budget (rows) and r (columns)."""
+    g = table.assign(ok=table.status.eq("ok")).groupby(["budget", "r"])
+    cell = (g.ok.sum().astype(int).astype(str) + "/" + g.size().astype(str)).unstack("r")
+    cell.index = [f"{b:.3g}" for b in cell.index]
+    cell.index.name = "budget"
+    cell.columns = [f"r={r}" for r in cell.columns]
+    return cell
+
+
+def loss_pivot(table, decimals: int = 3):
+    """Final validation loss (nats) of every finished run: rows (budget, s, d_model), columns r."""
+    ok = table[table.status == "ok"]
+    pv = ok.pivot_table(index=["budget", "s", "d_model"], columns="r", values="loss", aggfunc="first")
+    full = table.pivot_table(index=["budget", "s", "d_model"], columns="r", values="n", aggfunc="first")
+    pv = pv.reindex(index=full.index, columns=full.columns).round(decimals)
+    pv.columns = [f"r={r}" for r in pv.columns]
+    pv.index = pv.index.set_levels([[f"{b:.3g}" for b in pv.index.levels[0]]] + list(pv.index.levels[1:]))
+    return pv
+
+
+def iso_flop_cells(table, min_runs: int = 3):
+    """Iso-FLOP minima of a study's finished runs, one row per (budget, r) cell.
+
+    ``looped.fit.iso_flop_minima`` fits the parabola of loss in log N (N unique) per cell with
+    at least ``min_runs`` finished runs and returns its vertex (``n_star``, ``loss_star``) and
+    whether it lies inside the cell's width bracket (``inside``) and is a minimum
+    (``opens_up``).  Added here: ``tokens_per_param`` at the vertex, the finished and planned
+    run counts, whether the cell's best run is its narrowest or widest (``best_at``), and
+    ``fitted`` (False for cells skipped for having too few runs; their vertex columns are NaN).
+    """
+    import pandas as pd
+    from .fit import iso_flop_minima
+    ok = table[(table.status == "ok") & table.loss.notna()]
+    keep = ["budget", "r", "n_once", "n_rec", "tokens", "loss", "s", "status"]
+    minima = iso_flop_minima(ok[keep]) if len(ok) else pd.DataFrame(
+        columns=["budget", "r", "n_runs", "n_star", "loss_star", "tokens_star", "inside", "opens_up"])
+    rows = []
+    for (budget, r), g in table.groupby(["budget", "r"], sort=True):
+        done = g[(g.status == "ok") & g.loss.notna()].sort_values("n")
+        row = dict(budget=budget, r=int(r), planned=len(g), finished=len(done))
+        if len(done):
+            best = done.loc[done.loss.idxmin()]
+            row["best_s"] = float(best.s)
+            row["best_at"] = ("narrowest" if best.n == done.n.min() else "widest" if best.n == done.n.max()
+                              else "interior") if len(done) >= 3 else "-"
+        hit = minima[(minima.budget == budget) & (minima.r == r)] if len(minima) else minima
+        row["fitted"] = len(done) >= min_runs and len(hit) > 0
+        if row["fitted"]:
+            m = hit.iloc[0]
+            row.update(n_star=m.n_star, loss_star=m.loss_star, tokens_star=m.tokens_star,
+                       tokens_per_param=m.tokens_star / m.n_star, inside=bool(m.inside),
+                       opens_up=bool(m.opens_up))
+        rows.append(row)
+    cols = ["budget", "r", "planned", "finished", "fitted", "best_s", "best_at", "n_star", "loss_star",
+            "tokens_star", "tokens_per_param", "inside", "opens_up"]
+    return pd.DataFrame(rows).reindex(columns=cols)
+
+
+def paper_minima():
+    """The paper's 24 published iso-FLOP minima with what the accounting adds to them.
+
+    From ``runs/paper/compute_optimal_minima.csv`` (N* in millions, L* in nats):
+    ``tokens_star`` is the budget divided by the training FLOPs per token of the iso-depth
+    model whose unique N equals N* (``looped.fit.runs_from_minima``), and ``inside`` says
+    whether N* lies within the range of N that the paper's main grid trained in that cell.
+    """
+    from .fit import runs_from_minima
+    pub = paper_table("compute_optimal_minima")
+    derived = runs_from_minima(pub)
+    out = pub.rename(columns={"budget_flops": "budget", "n_star_unique_millions": "n_star_M",
+                              "loss_star_nats": "loss_star"})
+    out["n_star"] = out["n_star_M"] * 1e6
+    out["tokens_star"] = derived["tokens"].to_numpy()
+    out["tokens_per_param"] = out["tokens_star"] / out["n_star"]
+    grid = study_plan("paper-main").groupby(["budget", "r"]).n.agg(["min", "max"]).reset_index()
+    out = out.merge(grid, on=["budget", "r"], how="left")
+    out["inside"] = (out["n_star"] >= out["min"]) & (out["n_star"] <= out["max"])
+    return out.drop(columns=["min", "max"])
+
+
+def minima_exponents(minima, min_cells: int = 2):
+    """Least-squares slope a of log N* against log C per r (N* grows as C^a), over the cells of
+    ``minima`` (columns budget, r, n_star; rows with ``inside`` False or NaN N* are left out)."""
+    import numpy as np
+    import pandas as pd
+    m = minima.dropna(subset=["n_star"])
+    if "inside" in m.columns:
+        m = m[m["inside"].astype(bool)]
+    rows = []
+    for r in R_VALUES:
+        g = m[m.r == r]
+        a = float(np.polyfit(np.log(g.budget.astype(float)), np.log(g.n_star.astype(float)), 1)[0]) \
+            if g.budget.nunique() >= min_cells else float("nan")
+        rows.append(dict(r=r, cells=len(g), exponent=a))
+    return pd.DataFrame(rows)
+
+
+def _plain_log_axis(axis):
+    """Label a log axis at 1, 2, 5 x 10^k with short numbers (2k, 50M) and no minor labels."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: _eng(v, 3)))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _budget_colors(budgets):
+    import seaborn as sns
+    budgets = sorted(budgets)
+    return dict(zip(budgets, sns.color_palette("viridis", max(len(budgets), 2))[:len(budgets)] if len(budgets) > 1
+                    else sns.color_palette("viridis", 2)[:1]))
+
+
+def plot_iso_flop_curves(table, axes=None, min_runs: int = 3, unit: str = "nats"):
+    """The paper's Figure 2 layout: one panel per r, loss against unique N (log axis), one
+    colour per budget, the parabola in log N of each cell with >= ``min_runs`` finished runs
+    and its vertex (a star when it lies inside the bracket and is a minimum, a cross otherwise).
+    """
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.lines import Line2D
+    r_values = sorted(table.r.unique())
+    if axes is None:
+        _, axes = plt.subplots(1, len(r_values), figsize=(3.4 * len(r_values), 3.6), sharey=True)
+    axes = np.atleast_1d(axes)
+    colors = _budget_colors(table.budget.unique())
+    ok = table[(table.status == "ok") & table.loss.notna()]
+    for ax, r in zip(axes, r_values):
+        for budget, color in colors.items():
+            g = ok[(ok.r == r) & (ok.budget == budget)].sort_values("n")
+            if g.empty:
+                continue
+            ax.plot(g.n, g.loss, "o", color=color, ms=5, label=f"C = {budget:.3g}")
+            if len(g) >= min_runs:
+                u = np.log(g.n.to_numpy(float))
+                c2, c1, c0 = np.polyfit(u, g.loss.to_numpy(float), 2)
+                uu = np.linspace(u.min() - 0.15, u.max() + 0.15, 100)
+                ax.plot(np.exp(uu), c0 + c1 * uu + c2 * uu ** 2, "-", color=color, lw=1.4, alpha=0.8)
+                if c2 != 0:
+                    us = -c1 / (2 * c2)
+                    good = c2 > 0 and u.min() <= us <= u.max()
+                    if good:
+                        ax.plot(np.exp(us), c0 + c1 * us + c2 * us ** 2, "*", color=color, ms=14,
+                                mec="black", mew=0.7, zorder=5)
+                    else:
+                        ax.plot(g.n.iloc[g.loss.to_numpy().argmin()], g.loss.min(), "x", color="black",
+                                ms=8, mew=1.5, zorder=5)
+        ax.set_xscale("log")
+        _plain_log_axis(ax.xaxis)
+        ax.set_title(f"r = {r}")
+        ax.set_xlabel("unique non-embedding params N")
+        ax.grid(alpha=0.3, which="both")
+    axes[0].set_ylabel(f"final validation loss ({unit})")
+    handles = [Line2D([], [], color=c, marker="o", ls="-", label=f"C = {b:.3g} FLOPs") for b, c in colors.items()]
+    handles += [Line2D([], [], color="0.5", marker="*", ms=12, mec="black", ls="", label="parabola vertex (inside)"),
+                Line2D([], [], color="black", marker="x", ms=8, ls="", label="best run (vertex outside)")]
+    axes[-1].legend(handles=handles, fontsize=7.5, loc="best")
+    return axes
+
+
+def plot_minima_vs_budget(paper, ours=None, axes=None):
+    """The paper's published minima per r against the budget: N* (left), L* (middle), and the
+    tokens per unique parameter at the minimum (right) with our CPU minima beside the paper's."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+    if axes is None:
+        _, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    pal = dict(zip(R_VALUES, sns.color_palette("deep", len(R_VALUES))))
+    for r in R_VALUES:
+        g = paper[paper.r == r].sort_values("budget")
+        axes[0].plot(g.budget, g.n_star / 1e6, "o-", color=pal[r], label=f"r = {r}")
+        axes[1].plot(g.budget, g.loss_star, "o-", color=pal[r], label=f"r = {r}")
+        axes[2].plot(g.budget, g.tokens_per_param, "o-", color=pal[r], label=f"paper, r = {r}")
+        if ours is not None and len(ours):
+            o = ours[(ours.r == r) & ours.inside.fillna(False).astype(bool) & ours.opens_up.fillna(False).astype(bool)]
+            if len(o):
+                axes[2].plot(o.budget, o.tokens_per_param, "s--", color=pal[r], mfc="white",
+                             label=f"ours (CPU), r = {r}")
+    for ax in axes:
+        ax.set_xscale("log")
+        ax.set_xlabel("training budget C (FLOPs)")
+        ax.grid(alpha=0.3, which="both")
+    axes[0].set_yscale("log")
+    _plain_log_axis(axes[0].yaxis)
+    axes[0].set_ylabel("N* (millions of unique params)")
+    axes[1].set_ylabel("L* (nats/token, FineWeb-Edu)")
+    axes[2].set_yscale("log")
+    _plain_log_axis(axes[2].yaxis)
+    axes[2].set_ylabel("tokens per unique param at N*")
+    axes[0].legend(fontsize=8)
+    axes[2].legend(fontsize=7, ncol=2, loc="center")
+    return axes
+
+
+def run_costs(table):
+    """Wall time of the finished runs per budget and in total (from the records): runs, summed
+    wall seconds, training tokens, tokens/s (total tokens over total time) and the model
+    FLOP/s that the accounting credits them with."""
+    import pandas as pd
+    ok = table[(table.status == "ok") & table.wall_seconds.notna()].copy()
+    ok["model_flops"] = ok.flops_per_token.astype(float) * ok.tokens
+    rows = []
+    for key, g in list(ok.groupby("budget", sort=True)) + [("total", ok)]:
+        wall = g.wall_seconds.sum()
+        rows.append({"budget": key if key == "total" else f"{key:.3g}", "runs": len(g), "wall_seconds": wall,
+                     "wall_hours": wall / 3600, "tokens": g.tokens.sum(),
+                     "tokens_per_s": g.tokens.sum() / wall if wall else float("nan"),
+                     "model_gflops_per_s": g.model_flops.sum() / wall / 1e9 if wall else float("nan")})
+    return pd.DataFrame(rows)
+
+
+def plot_run_costs(table, axes=None):
+    """Wall seconds per finished run against its optimizer steps (left, one colour per budget)
+    and the model FLOP/s it achieved against its width (right, one colour per r)."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+    if axes is None:
+        _, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    ok = table[(table.status == "ok") & table.wall_seconds.notna()]
+    colors = _budget_colors(table.budget.unique())
+    for budget, color in colors.items():
+        g = ok[ok.budget == budget]
+        if len(g):
+            axes[0].scatter(g.steps, g.wall_seconds, color=color, s=22, label=f"C = {budget:.3g}")
+    pal = dict(zip(R_VALUES, sns.color_palette("deep", len(R_VALUES))))
+    for r in R_VALUES:
+        g = ok[ok.r == r]
+        if len(g):
+            axes[1].scatter(g.d_model, g.tokens_per_s * g.flops_per_token / 1e9, color=pal[r], s=22,
+                            label=f"r = {r}")
+    axes[0].set_xlabel("optimizer steps")
+    axes[0].set_ylabel("wall time per run (s)")
+    axes[1].set_xlabel("d_model")
+    axes[1].set_ylabel("model FLOP/s achieved (GFLOP/s)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    return axes
+
+
+def study_compute(study: str = "paper-main", peak_flops: float = H200_BF16_DENSE_PEAK, mfu: float = 0.3):
+    """Training compute of a study per budget: runs, total FLOPs, and accelerator-hours at an
+    ASSUMED ``mfu`` of ``peak_flops`` (default: the H200's dense bf16 peak at 30% MFU, the
+    default of ``looped sweep --dry-run``; the validation passes and restarts are not included)."""
+    import pandas as pd
+    plan_ = study_plan(study)
+    rows = []
+    for key, g in list(plan_.groupby("budget", sort=True)) + [("total", plan_)]:
+        flops = g.run_flops.sum()
+        rows.append({"budget": key if key == "total" else f"{key:.3g}", "runs": len(g), "flops": flops,
+                     "gpu_hours": flops / (peak_flops * mfu) / 3600,
+                     "longest_run_hours": g.run_flops.max() / (peak_flops * mfu) / 3600})
+    return pd.DataFrame(rows)
+
+
+def iso_flop_display(cells):
+    """``iso_flop_cells`` rounded for printing: runs finished/planned, the best run's width, the
+    vertex (N*, L*, tokens per param) of the cells that bracket their minimum, and the flag."""
+    import pandas as pd
+    rows = []
+    for c in cells.itertuples():
+        fitted = bool(c.fitted)
+        vertex = fitted and bool(c.opens_up) and bool(c.inside)
+        rows.append({
+            "budget": f"{c.budget:.3g}", "r": c.r, "runs": f"{c.finished}/{c.planned}",
+            "best s": "-" if c.finished == 0 else f"{c.best_s:g}",
+            "best run at": c.best_at if isinstance(c.best_at, str) else "-",
+            "N*": _eng(c.n_star) if vertex else "-",
+            "L*": f"{c.loss_star:.3f}" if vertex else "-",
+            "D*/N*": _num(c.tokens_per_param) if vertex else "-",
+            "bracketed": ("yes" if (c.inside and c.opens_up) else "no") if fitted else "skipped (< 3 runs)",
+        })
+    return pd.DataFrame(rows)
+
+
+def study_learning_rates(study: str = "cpu-main"):
+    """Peak learning rates (``looped.optim.learning_rates``, HyperP transfer) of every run of a
+    study: one row per run with the matrix (MuonH), embedding, head and norm rates."""
+    import pandas as pd
+    from .optim import learning_rates
+    from .sweep import load_study
+    from .config import get_preset
+    rows = []
+    for run in load_study(study):
+        cfg = run.model_config()
+        bt = get_preset(run.preset).batch_tokens
+        lrs = learning_rates(cfg, bt, acc.tokens_for_budget(cfg, run.budget, bt))
+        rows.append(dict(budget=run.budget, r=run.r, s=run.s, d_model=cfg.d_model, **lrs))
+    return pd.DataFrame(rows)
+
+
+def learning_rate_summary(studies=("paper-main", "cpu-main")):
+    """Range of each peak learning rate over the runs of each budget of the given studies."""
+    import pandas as pd
+    rows = []
+    for study in studies:
+        lr = study_learning_rates(study)
+        for budget, g in lr.groupby("budget", sort=True):
+            rows.append({"study": study, "budget": f"{budget:.3g}",
+                         **{k: _span(g[k], lambda v: f"{v:.4f}") for k in ("matrix", "embedding", "head", "norm")}})
+    return pd.DataFrame(rows)
