@@ -218,6 +218,156 @@ def plot_accounting_vs_r(ax=None, s_values=(6, 10, 20, 34), phi: float = PAPER_P
     return ax
 
 
+# ----------------------------------------------------------------------------- what phi buys (chapter 7)
+
+LOOP_COLORS = {1: "#333333", 2: "#1b9e77", 4: "#d95f02", 8: "#7570b3"}
+
+
+def effective_size_vs_phi(preset: str = "paper", s: float = 32, r_values=(2, 4, 8), phis=None):
+    """Sizes of the r-loop sibling of the plain model at width s, as fractions of the plain
+    model's unique N, for a range of phi: unique (phi-free), loss-equivalent N_once + r^phi N_rec,
+    compute-equivalent (the plain model with the same training FLOPs per token, phi-free)."""
+    import numpy as np
+    import pandas as pd
+    from .fit import effective_sizes
+    phis = np.linspace(0.0, 1.0, 101) if phis is None else np.asarray(phis, float)
+    rows = []
+    for r in r_values:
+        e = effective_sizes(preset, r=r, s=s, phi=0.0)
+        for phi in phis:
+            rows.append(dict(r=r, phi=float(phi), unique=e["unique_ratio"],
+                             loss_equivalent=(e["n_once"] + r ** phi * e["n_rec"]) / e["plain_unique"],
+                             compute_equivalent=e["compute_equivalent_ratio"]))
+    return pd.DataFrame(rows)
+
+
+def plot_effective_size_vs_phi(ax=None, preset: str = "paper", s: float = 32, r_values=(2, 4, 8),
+                               phi: float = PAPER_PHI, phi_ci=(0.41, 0.53), marks=None):
+    """Loss-equivalent size of the r-loop sibling vs phi (solid), with its unique size (dashed)
+    and compute-equivalent size (dotted), all relative to the plain model of the same width.
+    `marks` maps labels to phi values drawn as thin vertical lines (e.g. the case studies)."""
+    import matplotlib.pyplot as plt
+    df = effective_size_vs_phi(preset, s=s, r_values=r_values)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.5, 4.2))
+    ax.axvspan(*phi_ci, color="0.85", alpha=0.6, lw=0, label=f"95% CI of φ [{phi_ci[0]}, {phi_ci[1]}]")
+    ax.axvline(phi, color="0.3", lw=1.0, label=f"φ = {phi:g}")
+    for label, value in (marks or {}).items():
+        ax.axvline(value, color="0.55", lw=0.8, ls=(0, (1, 2)))
+        ax.text(value, 0.04, f" {label}", rotation=90, fontsize=7.5, color="0.35", va="bottom", ha="right")
+    for r in r_values:
+        g = df[df.r == r]
+        c = LOOP_COLORS.get(r)
+        ax.plot(g.phi, g.loss_equivalent, color=c, lw=2, label=f"r = {r}: loss-equivalent $N_{{once}} + r^φ N_{{rec}}$")
+        ax.plot(g.phi, g.unique, color=c, lw=1.2, ls="--")
+        ax.plot(g.phi, g.compute_equivalent, color=c, lw=1.2, ls=":")
+    ax.plot([], [], color="0.4", ls="--", lw=1.2, label="unique N (any φ)")
+    ax.plot([], [], color="0.4", ls=":", lw=1.2, label="compute-equivalent N (any φ)")
+    ax.axhline(1.0, color="0.2", lw=0.6)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1.2)
+    ax.set_xlabel("φ (r passes of the shared block count as $r^φ$ copies)")
+    ax.set_ylabel("size / unique N of the plain model")
+    ax.legend(fontsize=7.5, loc="upper left", ncol=1, framealpha=0.9)
+    ax.grid(alpha=0.3)
+    return ax
+
+
+def published_minima(preset: str = "paper", law=None):
+    """The paper's 24 iso-FLOP minima (compute_optimal_minima.csv) with the tokens the accounting
+    gives at N* (D = C / F at the width where N = N*), tokens per unique parameter, the loss gap
+    to r = 1 at the same budget, and (if `law` is given) the law's loss at that N* and D."""
+    import numpy as np
+    from .fit import predict, runs_from_minima, FitResult, _law_dict
+    t = paper_table("compute_optimal_minima")
+    runs = runs_from_minima(t, preset=preset)
+    out = t.rename(columns={"budget_flops": "budget"}).copy()
+    out["n_star"] = out["n_star_unique_millions"] * 1e6
+    out["tokens_star"] = runs["tokens"].to_numpy()
+    out["d_model"] = runs["d_model"].to_numpy()
+    out["tokens_per_param"] = out["tokens_star"] / out["n_star"]
+    base = out[out.r == 1].set_index("budget")["loss_star_nats"]
+    out["gap"] = out["loss_star_nats"] - out["budget"].map(base)
+    if law is not None:
+        res = FitResult(**_law_dict(law), r2=np.nan, huber=np.nan, n_runs=0, restarts=0)
+        out["law_loss_at_n_star"] = predict(res, runs["n_once"], runs["n_rec"], runs["r"], runs["tokens"])
+    return out
+
+
+def frontier_gaps(frontier):
+    """Loss gap of every r to r = 1 at the same budget on a compute-optimal frontier table."""
+    base = frontier[frontier.r == 1].set_index("budget")["loss_star"]
+    return frontier.assign(gap=frontier["loss_star"] - frontier["budget"].map(base))
+
+
+def plot_compute_optimal(axes, frontier, minima=None, paper_gaps=None, budget_range=None):
+    """Four panels on `axes` (2 x 2): N*(C), D*(C), L*(C) and the loss gap to r = 1, the law's
+    continuous frontier as lines (one per r), the published per-cell minima as markers,
+    the paper's reported gap ranges as bands, and the paper's budget range shaded."""
+    fr = frontier_gaps(frontier)
+    axes = list(getattr(axes, "flat", axes))
+    cols = [("n_star", "unique non-embedding params N*"), ("tokens_star", "training tokens D*"),
+            ("loss_star", "loss L* (nats/token)"), ("gap", "L*(r) - L*(r = 1) (nats/token)")]
+    pub = {"n_star": "n_star", "tokens_star": "tokens_star", "loss_star": "loss_star_nats", "gap": "gap"}
+    for ax, (col, label) in zip(axes, cols):
+        if budget_range is not None:
+            ax.axvspan(*budget_range, color="0.92", lw=0, zorder=0)
+        for r, g in fr.groupby("r"):
+            if col == "gap" and r == 1:
+                continue
+            c = LOOP_COLORS.get(r)
+            ax.plot(g.budget, g[col], color=c, lw=1.8, label=f"r = {r} (law)")
+            if minima is not None:
+                m = minima[minima.r == r]
+                ax.plot(m.budget, m[pub[col]], "o", color=c, ms=5, mfc="white", mew=1.4,
+                        label=f"r = {r} (paper minima)")
+        if col == "gap" and paper_gaps:
+            lo_c, hi_c = budget_range if budget_range is not None else (fr.budget.min(), fr.budget.max())
+            for r, (lo, hi) in paper_gaps.items():
+                ax.fill_between([lo_c, hi_c], lo, hi, color=LOOP_COLORS.get(r), alpha=0.15, lw=0)
+            ax.fill_between([], [], [], color="0.5", alpha=0.3, label="paper's reported ranges")
+        ax.set_xscale("log")
+        if col in ("n_star", "tokens_star"):
+            ax.set_yscale("log")
+        ax.set_xlabel("training compute C (FLOPs)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3, which="both")
+    axes[0].legend(fontsize=7, ncol=2, loc="upper left")
+    axes[3].legend(fontsize=7, loc="upper right")
+    return axes
+
+
+def equal_loss_models(law, targets, preset: str = "paper", r_values=R_VALUES):
+    """For each target loss and r: the compute-optimal model of the law that reaches it
+    (looped.fit.compute_optimal_for_loss) and what it costs to store and to run.
+
+    Columns: training budget C; width d; unique non-embedding N (memory of the blocks);
+    stored = N + embedding + LM head (2 x padded vocab x d); weights_per_token = N_once +
+    r N_rec + LM head (weights a token's forward pass multiplies by); forward_flops =
+    training FLOPs per token / 3 (full backprop costs exactly three forward passes in the
+    accounting: 2 FLOPs per weight touched plus 4dT per effective layer for attention at the
+    training context); kv_per_token = 2 x effective depth x d cached values (every recurrence
+    keeps its own keys and values).  The columns ending in ``_ratio`` divide by the r = 1 model
+    of the same target."""
+    import pandas as pd
+    from .config import get_preset
+    from .fit import compute_optimal_for_loss
+    p = get_preset(preset)
+    vocab = model_config(preset, r=1, s=p.ref_s).padded_vocab
+    out = []
+    for t in ([targets] if isinstance(targets, (int, float)) else targets):
+        df = compute_optimal_for_loss(law, float(t), preset=preset, r=tuple(r_values))
+        df["stored"] = df["n_star"] + 2 * vocab * df["d_model"]
+        df["weights_per_token"] = df["n_once"] + df["r"] * df["n_rec"] + vocab * df["d_model"]
+        df["forward_flops"] = df["flops_per_token"] / 3
+        df["kv_per_token"] = 2 * p.effective_depth * df["d_model"]
+        base = df[df.r == 1].iloc[0]
+        for col in ("budget", "n_star", "stored", "weights_per_token", "forward_flops", "kv_per_token"):
+            df[f"{col}_ratio"] = df[col] / base[col]
+        out.append(df)
+    return pd.concat(out, ignore_index=True)
+
+
 # ----------------------------------------------------------------------------- the iso-depth sweep (chapter 3)
 
 H200_BF16_DENSE_PEAK = 989e12  # FLOP/s: the vendor's dense bf16 tensor-core figure (no sparsity)

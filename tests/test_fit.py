@@ -231,3 +231,58 @@ def test_paper_protocol_full_restarts():
     df = F.synthetic_runs(seed=0)
     res = F.fit(df, restarts=500, bootstrap=200)
     assert abs(res.phi - 0.459) < 0.05 and res.ci["phi"][0] <= 0.459 <= res.ci["phi"][1]
+
+
+# ------------------------------------------------------------------------------------------
+# Continuous compute-optimal frontier (chapter 7)
+# ------------------------------------------------------------------------------------------
+
+def test_width_polynomials_are_the_accounting():
+    from looped import accounting as acc
+    for r, inj, k in ((1, None, None), (4, None, None), (8, None, 4), (4, "hyperconnect", None)):
+        P = F._width_polynomials("paper", r, inj, k)
+        for d in (128.0, 777.7, 2048.0):
+            cfg = F._cfg_at_width("paper", r, d, inj, k)
+            np.testing.assert_allclose(P @ [1.0, d, d * d],
+                                       [acc.n_once(cfg), acc.n_rec(cfg), acc.flops_per_token(cfg)], rtol=1e-12)
+
+
+def test_compute_optimal_frontier():
+    res = F.FitResult(**F.PAPER_LAW, r2=1, huber=0, n_runs=116, restarts=0)
+    fr = F.compute_optimal_frontier(F.PAPER_LAW, r=(1, 4), budgets=[1e18, 1e19])
+    assert len(fr) == 4 and not fr["at_edge"].any()
+    # the FitResult and the dict give the same frontier; its losses are the law's
+    pd.testing.assert_frame_equal(fr, F.compute_optimal_frontier(res, r=(1, 4), budgets=[1e18, 1e19]))
+    np.testing.assert_allclose(F.predict(res, fr.n_once, fr.n_rec, fr.r, fr.tokens_star), fr.loss_star, rtol=1e-12)
+    np.testing.assert_allclose(fr.tokens_star * fr.flops_per_token, fr.budget, rtol=1e-12)
+    # no preset width does better, and the discrete-width parabola lands close by
+    co = F.compute_optimal(res, r=(1, 4), budgets=[1e18, 1e19])
+    m = co.merge(fr, on=["r", "budget"], suffixes=("_grid", "_cont"))
+    assert (m["loss_star_cont"] <= m["loss"] + 1e-12).all()
+    np.testing.assert_allclose(m["n_star_cont"], m["n_star_grid"], rtol=0.02)
+    # a minimum: nudging the width either way costs loss
+    for row in fr.itertuples():
+        for f in (0.98, 1.02):
+            cfg = F._cfg_at_width("paper", row.r, row.d_model * f)
+            from looped import accounting as acc
+            L = F.predict(res, acc.n_once(cfg), acc.n_rec(cfg), row.r, row.budget / acc.flops_per_token(cfg))
+            assert L > row.loss_star
+    # more recurrences: fewer unique params, more tokens per param, higher loss
+    r1, r4 = fr[fr.r == 1].set_index("budget"), fr[fr.r == 4].set_index("budget")
+    assert (r4.n_star < r1.n_star).all() and (r4.tokens_per_param > r1.tokens_per_param).all()
+    assert (r4.loss_star > r1.loss_star).all()
+    # phi = None (Chinchilla: unique params) is phi = 0
+    a = F.compute_optimal_frontier(dict(F.PAPER_LAW, phi=None), r=4, budgets=[1e19])
+    b = F.compute_optimal_frontier(dict(F.PAPER_LAW, phi=0.0), r=4, budgets=[1e19])
+    np.testing.assert_allclose(a.loss_star, b.loss_star, rtol=1e-12)
+
+
+def test_compute_optimal_for_loss():
+    eq = F.compute_optimal_for_loss(F.PAPER_LAW, 2.3, r=(1, 4))
+    np.testing.assert_allclose(eq["loss_star"], 2.3, atol=1e-8)
+    r1, r4 = eq.set_index("r").loc[1], eq.set_index("r").loc[4]
+    assert r4.budget > r1.budget and r4.n_star < r1.n_star and r4.d_model > r1.d_model
+    with pytest.raises(F.FitError, match="irreducible"):
+        F.compute_optimal_for_loss(F.PAPER_LAW, 1.5)
+    with pytest.raises(F.FitError, match="not reached"):
+        F.compute_optimal_for_loss(F.PAPER_LAW, 1.6, budget_bounds=(1e18, 1e20))
