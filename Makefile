@@ -4,7 +4,9 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
-export MPLBACKEND := Agg
+# No MPLBACKEND here: chapter kernels must keep the inline backend, or figures vanish from
+# the notebooks and the book (unit tests set Agg in tests/conftest.py).
+unexport MPLBACKEND
 NBVAL  := --nbval-lax --current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
 .PHONY: venv book notebooks test test-unit test-nbval html-check clean
