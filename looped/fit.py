@@ -1160,16 +1160,20 @@ class CaseStudy:
 
 def case_study(main, study, name: str = "case study", budgets=None, study_r=None, restarts: int = 500,
                seed: int = 0, bootstrap: int = 0, boot_restarts: int | None = 10,
-               min_runs: int = 12, min_study_runs: int = 6) -> CaseStudy:
+               min_runs: int = 12, min_study_runs: int = 6, min_budgets: int = 2,
+               baseline: FitResult | None = None) -> CaseStudy:
     """The paper's case-study protocol: refit all six parameters on the case study's runs
     (r > 1) plus the main study's r = 1 runs, and refit the baseline on the main study's runs
     at the same budgets (see `case_study_runs`).  Both fits use the same restarts and seed.
 
     A fit is skipped (None, with a reason in `note`) when its table has fewer than `min_runs`
-    runs or lacks looped runs, and the case-study fit also when the case study contributes
-    fewer than `min_study_runs` runs: a study whose sweep has not (fully) run yet.
+    runs, lacks looped runs or covers fewer than `min_budgets` budgets (at one budget the tokens
+    are a function of the width, so the N and D terms of the law cannot be told apart), and the
+    case-study fit also when the case study contributes fewer than `min_study_runs` runs: a
+    study whose sweep has not (fully) run yet.
     With `bootstrap` > 0 and the same (budget, r) cells in both tables, the two bootstraps are
-    paired (`CaseStudy.delta_phi_ci`).
+    paired (`CaseStudy.delta_phi_ci`).  `baseline`: a baseline fit already done on the same
+    runs and budgets (e.g. by another `case_study` call), reused instead of refitted.
     """
     base, var = case_study_runs(main, study, budgets, study_r)
     budgets = sorted(base["budget"].astype(float).unique()) if len(base) else []
@@ -1184,9 +1188,17 @@ def case_study(main, study, name: str = "case study", budgets=None, study_r=None
             have = f"{len(df)} run(s)" + ("" if len(df) == 0 or not is_chinchilla(df) else ", none looped")
             notes.append(f"{label}: {have}, need at least {min_runs} with looped runs; fit skipped")
             return None
+        n_budgets = df["budget"].astype(float).nunique()
+        if n_budgets < min_budgets:
+            notes.append(f"{label}: runs at {n_budgets} budget(s), need at least {min_budgets}; fit skipped")
+            return None
         return fit(df, restarts=restarts, seed=seed, bootstrap=bootstrap, boot_restarts=boot_restarts)
 
-    baseline = attempt(base, "baseline")
+    if baseline is not None:
+        if baseline.n_runs != len(base):
+            raise FitError(f"the given baseline fit has {baseline.n_runs} runs, the baseline table {len(base)}")
+    else:
+        baseline = attempt(base, "baseline")
     variant = attempt(var, name, n_study >= min_study_runs,
                       f"{n_study} case-study run(s) with r > 1, need at least {min_study_runs}")
     return CaseStudy(name=name, budgets=budgets, baseline_runs=base, variant_runs=var, baseline=baseline,

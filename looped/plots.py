@@ -218,6 +218,190 @@ def plot_accounting_vs_r(ax=None, s_values=(6, 10, 20, 34), phi: float = PAPER_P
     return ax
 
 
+# ----------------------------------------------------------------------------- case studies (chapters 5, 6)
+
+def token_gain(study: str = "paper-truncated"):
+    """Tokens a case-study run gets at its budget, against the linear-injection, full-backprop run
+    of the same (budget, r, s): one row per run of the named study (`looped.sweep.STUDIES`).
+
+    Columns budget, r, s, d_model, injection, bptt_k, flops_full, flops_variant (training FLOPs per
+    token), tokens_full, tokens_variant (whole steps of the preset's batch, as the trainer runs
+    them), ratio (tokens_variant / tokens_full) and flops_ratio (flops_full / flops_variant, the
+    gain before rounding to whole steps).
+    """
+    import pandas as pd
+    from .config import get_preset
+    from .sweep import load_study
+    rows = []
+    for run in load_study(study):
+        cfg = run.model_config()
+        full = model_config(run.preset, r=run.r, s=run.s)
+        bt = get_preset(run.preset).batch_tokens
+        tv, tf = acc.tokens_for_budget(cfg, run.budget, bt), acc.tokens_for_budget(full, run.budget, bt)
+        fv, ff = acc.flops_per_token(cfg), acc.flops_per_token(full)
+        rows.append(dict(budget=run.budget, r=run.r, s=run.s, d_model=cfg.d_model, injection=cfg.injection,
+                         bptt_k=cfg.k_bwd, flops_full=ff, flops_variant=fv, tokens_full=tf, tokens_variant=tv,
+                         ratio=tv / tf, flops_ratio=ff / fv))
+    return pd.DataFrame(rows)
+
+
+def token_gain_summary(study: str = "paper-truncated"):
+    """`token_gain` condensed per r and overall: runs, median / min / max of the token ratio."""
+    import pandas as pd
+    t = token_gain(study)
+    parts = [(str(r), g) for r, g in t.groupby("r")] + [("all", t)]
+    return pd.DataFrame([dict(r=k, runs=len(g), median=g["ratio"].median(), min=g["ratio"].min(),
+                              max=g["ratio"].max(), flops_ratio_median=g["flops_ratio"].median())
+                         for k, g in parts])
+
+
+def truncation_check(preset: str = "tiny", s: float = 4, r: int = 8, k: int = 4, seed: int = 0):
+    """Truncated backprop on a live model: which recurrences' states carry gradient, and whether
+    the forward pass is unchanged.
+
+    Builds the linear-injection model with `bptt_k=k` and its full-backprop twin (same weights),
+    runs one training loss on random tokens and records, per recurrence, whether the state
+    requires grad.  Returns (table with columns step, gets_gradient; the absolute difference
+    between the two models' losses, which should be 0: truncation leaves the forward pass alone).
+    """
+    from dataclasses import replace
+
+    import pandas as pd
+    import torch
+    from .model import LoopedGPT
+    torch.manual_seed(seed)
+    cfg = model_config(preset, r=r, s=s, bptt_k=k)
+    trunc = LoopedGPT(cfg)
+    full = LoopedGPT(replace(cfg, bptt_k=None))
+    full.load_state_dict(trunc.state_dict())
+    states = []
+    trunc.norm_loop.register_forward_hook(lambda mod, args, out: states.append(bool(out.requires_grad)))
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, cfg.vocab_size, (2, min(16, cfg.seq_len)), generator=g)
+    tgt = torch.randint(0, cfg.vocab_size, idx.shape, generator=g)
+    lt = trunc(idx, tgt)
+    lt.backward()
+    with torch.no_grad():
+        lf = full(idx, tgt)
+    table = pd.DataFrame({"step": range(1, r + 1), "gets_gradient": states[:r]})
+    return table, float((lt.detach() - lf).abs())
+
+
+def hyperconnection_check(preset: str = "tiny", s: float = 4, r: int = 4, lanes: int = 2, seed: int = 0):
+    """The cyclic hyperconnection init on a live model equals a cumulative additive injection.
+
+    Records the input u_i of the recurrent block at every step i of a freshly initialised
+    hyperconnection model and compares it with e + s_0 + ... + s_{i-1} recomputed from the same
+    blocks (e: prelude output, s_j: normalised block outputs); the coda should receive
+    K (e + s_0 + ... + s_{r-1}).  Returns (table with columns step, reads_lane, max_abs_diff;
+    the largest absolute difference between the coda's input and K times e plus all states).
+    """
+    import pandas as pd
+    import torch
+    from .model import LoopedGPT
+    torch.manual_seed(seed)
+    cfg = model_config(preset, r=r, s=s, injection="hyperconnect", lanes=lanes)
+    m = LoopedGPT(cfg).eval()
+    seen, coda_in = [], []
+    m.loop[0].register_forward_pre_hook(lambda mod, args: seen.append(args[0].detach().clone()))
+    m.coda[0].register_forward_pre_hook(lambda mod, args: coda_in.append(args[0].detach().clone()))
+    idx = torch.randint(0, cfg.vocab_size, (2, min(16, cfg.seq_len)), generator=torch.Generator().manual_seed(seed))
+    T = idx.shape[1]
+    with torch.no_grad():
+        m(idx)
+        inputs = seen[:r]
+        e, states, rows = inputs[0], [], []
+        for i in range(r):
+            u = e + sum(states) if states else e
+            rows.append(dict(step=i + 1, reads_lane=int(m.hyper.alpha[i].argmax()) + 1,
+                             max_abs_diff=float((inputs[i] - u).abs().max())))
+            states.append(m.norm_loop(m._blocks(m.loop, u, T)))
+        coda = float((coda_in[0] - lanes * (e + sum(states))).abs().max())
+    return pd.DataFrame(rows), coda
+
+
+def case_study_cells(baseline_runs, variant_runs):
+    """Per (budget, r > 1) cell: the best (lowest-loss) run of the baseline (linear injection,
+    full backprop) and of the case study, and their difference (case study minus baseline, nats).
+    Only cells present in both tables."""
+    import pandas as pd
+    out = []
+    b = baseline_runs[baseline_runs["r"].astype(float) > 1]
+    v = variant_runs[variant_runs["r"].astype(float) > 1]
+    for (c, r), gv in v.groupby(["budget", "r"], sort=True):
+        gb = b[(b["budget"] == c) & (b["r"] == r)]
+        if not len(gb):
+            continue
+        ib, iv = gb["loss"].idxmin(), gv["loss"].idxmin()
+        out.append(dict(budget=c, r=int(r), runs_baseline=len(gb), runs_variant=len(gv),
+                        best_n_baseline=int(gb.loc[ib, "n_once"] + gb.loc[ib, "n_rec"]),
+                        best_n_variant=int(gv.loc[iv, "n_once"] + gv.loc[iv, "n_rec"]),
+                        loss_baseline=float(gb.loc[ib, "loss"]), loss_variant=float(gv.loc[iv, "loss"]),
+                        delta=float(gv.loc[iv, "loss"] - gb.loc[ib, "loss"])))
+    return pd.DataFrame(out, columns=["budget", "r", "runs_baseline", "runs_variant", "best_n_baseline",
+                                      "best_n_variant", "loss_baseline", "loss_variant", "delta"])
+
+
+def plot_case_study_isoflop(axes, baseline_runs, variant_runs, label: str, r_values=(2, 4, 8),
+                            baseline_label: str = "linear injection, full backprop"):
+    """Iso-FLOP curves, one panel per r: final loss against unique non-embedding parameters for
+    every budget, the case study (solid, filled) beside the baseline runs (dashed, open)."""
+    import numpy as np
+    import seaborn as sns
+    budgets = sorted(set(baseline_runs["budget"].astype(float)) | set(variant_runs["budget"].astype(float)))
+    colors = dict(zip(budgets, sns.color_palette("viridis", max(len(budgets), 1))))
+    axes = np.atleast_1d(axes)
+    for ax, r in zip(axes, r_values):
+        for c in budgets:
+            for df, ls, fill, tag in ((baseline_runs, "--", "none", baseline_label), (variant_runs, "-", None, label)):
+                g = df[(df["r"].astype(float) == r) & np.isclose(df["budget"].astype(float), c)]
+                if not len(g):
+                    continue
+                g = g.assign(n=g["n_once"] + g["n_rec"]).sort_values("n")
+                ax.plot(g["n"], g["loss"], ls=ls, marker="o", ms=5, color=colors[c],
+                        mfc=colors[c] if fill is None else fill)
+        ax.set_xscale("log")
+        ax.set_title(f"r = {r}")
+        ax.set_xlabel("unique non-embedding parameters N")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("final validation loss (nats/token)")
+    handles = [axes[0].plot([], [], color=colors[c], marker="o", ls="-")[0] for c in budgets]
+    labels = [f"C = {c:.3g} FLOPs" for c in budgets]
+    handles += [axes[0].plot([], [], color="0.3", marker="o", ls="-")[0],
+                axes[0].plot([], [], color="0.3", marker="o", mfc="none", ls="--")[0]]
+    labels += [label, baseline_label]
+    axes[-1].legend(handles, labels, fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    return axes
+
+
+def plot_phi_comparison(ax, cs, paper_baseline: float, paper_variant: float):
+    """phi of a case study (`looped.fit.CaseStudy`) and of its baseline, with bootstrap intervals
+    where there are any, beside the paper's two values (Table 3)."""
+    import numpy as np
+    labels = ["baseline", cs.name]
+    x = np.arange(2)
+    ax.scatter(x + 0.12, [paper_baseline, paper_variant], marker="s", s=50, color="0.45",
+               label="paper (Table 3)", zorder=3)
+    fits = [(i, res) for i, res in enumerate((cs.baseline, cs.variant)) if res is not None and res.phi is not None]
+    if fits:
+        xs = [i - 0.12 for i, _ in fits]
+        vals = [res.phi for _, res in fits]
+        lo = [res.ci.get("phi", (res.phi, res.phi))[0] for _, res in fits]
+        hi = [res.ci.get("phi", (res.phi, res.phi))[1] for _, res in fits]
+        ax.errorbar(xs, vals, yerr=[np.subtract(vals, lo), np.subtract(hi, vals)], fmt="o", color="C0",
+                    capsize=4, label="ours (95% bootstrap interval)", zorder=3)
+    for i in sorted({0, 1} - {i for i, _ in fits}):
+        ax.annotate("ours: not fitted\n(too few runs)", (i, paper_variant if i else paper_baseline),
+                    xytext=(0, -28), textcoords="offset points", ha="center", fontsize=8, color="0.4")
+    ax.set_xticks(x, labels)
+    ax.set_xlim(-0.6, 1.6)
+    ax.set_ylabel(r"fitted $\varphi$")
+    ax.grid(alpha=0.3, axis="y")
+    ax.xaxis.grid(False)
+    ax.legend(fontsize=8, loc="best")
+    return ax
+
+
 # ----------------------------------------------------------------------------- what phi buys (chapter 7)
 
 LOOP_COLORS = {1: "#333333", 2: "#1b9e77", 4: "#d95f02", 8: "#7570b3"}

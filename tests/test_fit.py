@@ -106,6 +106,27 @@ def test_fast_path_matches_serial_scipy_reference(grid):
     assert abs(ffast - fref) / fref <= 1e-6
 
 
+def test_bootstrap_is_the_full_protocol_and_pruning_is_exact(grid):
+    """bootstrap > 0 runs the paper's protocol per resample (`restarts` fresh random starts,
+    the best kept); the pruned batched solve reaches the same optimum as solving every restart
+    to convergence (prune_gap=None)."""
+    df = F.synthetic_runs({"phi": 0.8, "alpha": 0.3}, seed=14, grid=grid)
+    R, B = 40, 3
+    res = F.fit(df, restarts=R, seed=3, bootstrap=B)
+    data = F._Data.from_frame(df)
+    free = np.ones(6, bool)
+    ss = np.random.SeedSequence(3).spawn(3)
+    W = F._boot_weights(df, np.random.default_rng(ss[1]), B)
+    rng = np.random.default_rng(ss[2])
+    for i in range(B):
+        st = F._starts(rng, R, {})
+        ((_, f_all, _),) = F._solve(data, st, free, weights=np.repeat(W[i][None], R, 0), polish=1, prune_gap=None)
+        th = np.array(res.boot_samples[i], float)
+        th[[0, 2, 4]] = np.log(th[[0, 2, 4]])
+        f_fit = F._objective(th[None], data, W[i][None], order=0)[0]
+        assert abs(f_fit - f_all) <= 1e-6 * f_all
+
+
 def test_predict_and_residuals(grid):
     df = F.synthetic_runs(noise=0.0, grid=grid)
     res = F.FitResult(**F.PAPER_LAW, r2=1, huber=0, n_runs=len(df), restarts=0)
@@ -231,6 +252,44 @@ def test_paper_protocol_full_restarts():
     df = F.synthetic_runs(seed=0)
     res = F.fit(df, restarts=500, bootstrap=200)
     assert abs(res.phi - 0.459) < 0.05 and res.ci["phi"][0] <= 0.459 <= res.ci["phi"][1]
+
+
+def test_case_study_refit_against_baseline(tmp_path):
+    """Case-study protocol: baseline = main runs at the case study's budgets; the refit uses the
+    main r = 1 runs plus the case study's r > 1 runs.  A lower phi in the case-study law is
+    recovered, the two bootstraps are paired, and thin studies are skipped with a note."""
+    main = F.synthetic_runs(seed=12)
+    trunc = F.synthetic_runs({"phi": 0.30}, seed=13, grid=F.paper_grid("truncated_bptt"))
+    cs = F.case_study(main, trunc, name="truncated", restarts=80, seed=0, bootstrap=12)
+    assert cs.budgets == sorted(trunc["budget"].unique()) and len(cs.budgets) == 4
+    assert len(cs.baseline_runs) == (main["budget"] <= 4.64e18 * 1.0001).sum()
+    n_plain = ((main["r"] == 1) & (main["budget"] <= 4.64e18 * 1.0001)).sum()
+    assert len(cs.variant_runs) == n_plain + len(trunc) and cs.study_runs == len(trunc)
+    assert cs.ok and cs.note == ""
+    assert abs(cs.baseline.phi - 0.459) < 0.06 and abs(cs.variant.phi - 0.30) < 0.06
+    assert cs.delta_phi < -0.1 and cs.paired
+    lo, hi = cs.delta_phi_ci
+    assert lo <= cs.delta_phi <= hi and hi < 0
+    t = cs.table()
+    assert list(t["fit"]) == ["baseline", "truncated"] and (t["r2"] > 0.99).all()
+    # only r = 4, 8 of the case study (the paper's "without r = 2" variant)
+    sub = F.case_study(main, trunc, study_r=(4, 8), restarts=40, baseline=cs.baseline)
+    assert set(sub.variant_runs["r"]) == {1, 4, 8} and sub.baseline is cs.baseline
+    assert sub.ok and not sub.paired and sub.delta_phi_ci is None
+    # a sweep that has barely started: the refit is skipped, the baseline still fitted
+    two = sorted(trunc["budget"].unique())[:2]
+    few = F.case_study(main, trunc[trunc["budget"].isin(two)].groupby("budget").head(2), restarts=20)
+    assert few.variant is None and few.baseline is not None and "skipped" in few.note
+    assert few.budgets == two and few.delta_phi is None and few.table()["phi"].isna().iloc[1]
+    # one budget: N and D are tied, neither fit is attempted
+    one = F.case_study(main, trunc.head(9), restarts=20)
+    assert one.budgets == [4.64e17] and one.baseline is None and one.variant is None
+    assert "1 budget(s)" in one.note
+    # no records at all (missing or empty folder): baseline on every main budget
+    (tmp_path / "empty").mkdir()
+    for missing in (tmp_path / "nothing", tmp_path / "empty", None):
+        none = F.case_study(main, missing, restarts=20)
+        assert none.variant is None and none.study_runs == 0 and len(none.budgets) == 6
 
 
 # ------------------------------------------------------------------------------------------
