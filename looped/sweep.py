@@ -165,13 +165,16 @@ def time_model(records: pd.DataFrame) -> tuple[float, float] | None:
 
 def sweep(study: str, out: str | Path, shard: tuple[int, int] = (0, 1), checkpoint_every: int = 25,
           quiet: bool = True, log=print, grid: str | Path | None = None, preset: str = "cpu",
-          **train_kw) -> pd.DataFrame:
+          budgets=None, sizes=None, **train_kw) -> pd.DataFrame:
     """Run what is not yet done; never stop the sweep for one bad run.
 
-    `grid`/`preset` run an ad-hoc grid file instead of a named study (see load_study)."""
+    `grid`/`preset` run an ad-hoc grid file instead of a named study (see load_study);
+    `budgets`/`sizes` restrict the study to those budgets and widths s (None: all)."""
     from .train import train  # torch only when training
     out = Path(out)
-    runs = load_study(study, grid, preset)
+    runs = [run for run in load_study(study, grid, preset)
+            if (budgets is None or any(abs(run.budget / b - 1) < 1e-6 for b in budgets))
+            and (sizes is None or run.s in sizes)]
     index, count = shard
     mine = [run for i, run in enumerate(runs) if i % count == index]
     for n, run in enumerate(mine, 1):
