@@ -1230,7 +1230,7 @@ class CaseStudy:
 
 
 def case_study(main, study, name: str = "case study", budgets=None, study_r=None, restarts: int = 500,
-               seed: int = 0, bootstrap: int = 0, boot_restarts: int | None = 10,
+               seed: int = 0, bootstrap: int = 0, boot_restarts: int | None = None,
                min_runs: int = 12, min_study_runs: int = 6, min_budgets: int = 2,
                baseline: FitResult | None = None) -> CaseStudy:
     """The paper's case-study protocol: refit all six parameters on the case study's runs
