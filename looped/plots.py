@@ -662,18 +662,30 @@ def study_table(study: str = "cpu-main", runs_dir=None):
 
     One row per planned run (``study_plan`` columns) with ``status`` ('ok', 'diverged',
     'failed', 'corrupt', or 'missing' where no record exists yet), ``loss`` (nats),
-    ``wall_seconds`` and ``tokens_per_s`` from the record.  A missing folder means no records.
+    ``wall_seconds`` and ``tokens_per_s`` from the record.  Records of runs outside the planned
+    grid (e.g. an extra budget trained with ``looped sweep STUDY --grid FILE``) are appended
+    from their own fields, with ``planned`` False.  A missing folder means no records.
     """
-    from .sweep import read_records
-    table = study_plan(study)
+    import pandas as pd
+    from .sweep import COLUMNS, read_records
+    table = study_plan(study).drop(columns=["est_seconds"])
+    table["planned"] = True
     runs_dir = repo_root() / "runs" / study if runs_dir is None else Path(runs_dir)
+    rec = read_records(runs_dir) if runs_dir.is_dir() else None
     cols = ["status", "loss", "wall_seconds", "tokens_per_s"]
-    if runs_dir.is_dir():
-        rec = read_records(runs_dir)[["run_id"] + cols]
-    else:
-        import pandas as pd
-        rec = pd.DataFrame(columns=["run_id"] + cols)
-    table = table.drop(columns=["est_seconds"]).merge(rec, on="run_id", how="left")
+    if rec is None or rec.empty:
+        rec = pd.DataFrame(columns=COLUMNS)
+    table = table.merge(rec[["run_id"] + cols], on="run_id", how="left")
+    extra = rec[~rec.run_id.isin(table.run_id) & rec.budget.notna() & rec.n.notna()].copy()
+    if len(extra):
+        extra["planned"] = False
+        num = ["budget", "s", "d_model", "n", "n_once", "n_rec", "flops_per_token", "tokens", "steps"]
+        extra[num] = extra[num].astype(float)
+        extra["r"] = extra["r"].astype(int)
+        extra["run_flops"] = extra.flops_per_token * extra.tokens
+        extra["tokens_per_param"] = extra.tokens / extra.n
+        table = pd.concat([table, extra[[c for c in table.columns if c in extra.columns]]], ignore_index=True)
+        table = table.sort_values(["budget", "r", "s"], kind="stable").reset_index(drop=True)
     table["status"] = table["status"].fillna("missing")
     for c in cols[1:]:
         table[c] = table[c].astype(float)
@@ -870,7 +882,7 @@ def plot_minima_vs_budget(paper, ours=None, axes=None):
     _plain_log_axis(axes[2].yaxis)
     axes[2].set_ylabel("tokens per unique param at N*")
     axes[0].legend(fontsize=8)
-    axes[2].legend(fontsize=7, ncol=2, loc="center")
+    axes[2].legend(fontsize=7, ncol=2, loc="upper right")
     return axes
 
 
@@ -934,6 +946,28 @@ def study_compute(study: str = "paper-main", peak_flops: float = H200_BF16_DENSE
                      "gpu_hours": flops / (peak_flops * mfu) / 3600,
                      "longest_run_hours": g.run_flops.max() / (peak_flops * mfu) / 3600})
     return pd.DataFrame(rows)
+
+
+def loss_gaps_to_plain(table, paper=None, min_runs: int = 3):
+    """How much loss looping costs at equal compute: for each budget, the best loss at r
+    minus the best loss at r = 1 (nats; negative means the looped model did better).
+
+    Ours: the lowest final loss among the finished runs of a (budget, r) cell, for cells with at
+    least ``min_runs`` finished runs.  With ``paper`` (``paper_minima()``): the published L*
+    differences as well.  One row per (source, budget), one column per looped r.
+    """
+    import pandas as pd
+    ok = table[(table.status == "ok") & table.loss.notna()]
+    g = ok.groupby(["budget", "r"]).loss
+    best = g.min().where(g.size() >= min_runs).unstack("r")
+    frames = [(best.sub(best[1], axis=0) if 1 in best.columns else best * float("nan")).assign(source="ours (best run)")]
+    if paper is not None:
+        ls = paper.pivot(index="budget", columns="r", values="loss_star")
+        frames.append(ls.sub(ls[1], axis=0).assign(source="paper (L*)"))
+    out = pd.concat(frames).reset_index()
+    out["budget"] = [f"{b:.3g}" for b in out["budget"]]
+    cols = [r for r in R_VALUES if r != 1 and r in out.columns]
+    return out[["source", "budget"] + cols].rename(columns={r: f"r={r}" for r in cols})
 
 
 def iso_flop_display(cells):
