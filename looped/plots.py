@@ -791,9 +791,9 @@ def minima_exponents(minima, min_cells: int = 2):
 
 
 def _plain_log_axis(axis):
-    """Label a log axis at 1, 2, 5 x 10^k with short numbers (2k, 50M) and no minor labels."""
+    """Label a log axis at 1 and 3 x 10^k with short numbers (3k, 10M) and no minor labels."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 3.0)))
     axis.set_major_formatter(FuncFormatter(lambda v, _: _eng(v, 3)))
     axis.set_minor_formatter(NullFormatter())
 
@@ -869,7 +869,7 @@ def plot_minima_vs_budget(paper, ours=None, axes=None):
             o = ours[(ours.r == r) & ours.inside.fillna(False).astype(bool) & ours.opens_up.fillna(False).astype(bool)]
             if len(o):
                 axes[2].plot(o.budget, o.tokens_per_param, "s--", color=pal[r], mfc="white",
-                             label=f"ours (CPU), r = {r}")
+                             label=f"ours, r = {r}")
     for ax in axes:
         ax.set_xscale("log")
         ax.set_xlabel("training budget C (FLOPs)")
