@@ -1016,3 +1016,334 @@ def learning_rate_summary(studies=("paper-main", "cpu-main")):
             rows.append({"study": study, "budget": f"{budget:.3g}",
                          **{k: _span(g[k], lambda v: f"{v:.4f}") for k in ("matrix", "embedding", "head", "norm")}})
     return pd.DataFrame(rows)
+
+
+# ----------------------------------------------------------------------------- fitting phi (chapter 4)
+
+LAW_PARAMS = ("A", "alpha", "B", "beta", "E", "phi")
+_R_COLORS = {1: "#4c72b0", 2: "#55a868", 4: "#dd8452", 8: "#c44e52"}
+_BUDGET_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+
+def study_runs(runs_dirs):
+    """Run records of one or more sweep folders as one table (`looped.sweep.read_records`).
+
+    Relative folders are taken from the repository root.  A folder that does not exist yet (a
+    sweep that has not started) contributes nothing.  Every status is kept; the column
+    ``folder`` names the folder a record came from.
+    """
+    import pandas as pd
+
+    from .sweep import COLUMNS, read_records
+    frames = []
+    for folder in ([runs_dirs] if isinstance(runs_dirs, (str, Path)) else list(runs_dirs)):
+        path = Path(folder)
+        path = path if path.is_absolute() else repo_root() / path
+        if path.is_dir():
+            frames.append(read_records(path).assign(folder=str(folder)))
+    if not frames:
+        return pd.DataFrame(columns=COLUMNS + ["folder"])
+    return pd.concat(frames, ignore_index=True)
+
+
+def main_design(runs):
+    """Split a runs table into the main-study design the joint law is fitted to and the rest.
+
+    Kept: finished runs (status ``ok``) of the plain model (r = 1) and of looped models with the
+    default linear injection and full backpropagation (``bptt_k == r``).  Returns
+    ``(kept, dropped)``; ``dropped`` has a ``reason`` column.
+    """
+    import numpy as np
+    ok = runs["status"].astype(str) == "ok"
+    r = runs["r"].astype(float)
+    inj = runs["injection"].astype(str)
+    k = runs["bptt_k"].astype(float)
+    design = (r == 1) | ((inj == "linear") & np.isclose(k, r))
+    reason = np.where(~ok, "status " + runs["status"].astype(str), "not the main design")
+    kept = runs[ok & design].reset_index(drop=True)
+    dropped = runs[~(ok & design)].assign(reason=reason[~(ok & design).to_numpy()]).reset_index(drop=True)
+    for col in ("budget", "r", "s", "n_once", "n_rec", "tokens", "loss"):
+        kept[col] = kept[col].astype(float)
+    kept["r"] = kept["r"].astype(int)
+    return kept, dropped
+
+
+def budget_halves(budgets):
+    """Lower and upper halves of a set of training budgets, as two sorted lists.
+
+    An even number of budgets is split in the middle (the paper's six: three and three).  With
+    an odd number the middle budget belongs to both halves (three budgets: the lowest two and
+    the highest two), so that each half still spans more than one iso-FLOP curve.
+    """
+    b = sorted(set(float(x) for x in budgets))
+    h = (len(b) + 1) // 2
+    return b[:h], b[len(b) - h:]
+
+
+def paper_fits():
+    """The paper's published fits (``runs/paper/fits.csv``), indexed by the ``fit`` column."""
+    return paper_table("fits").set_index("fit")
+
+
+def law_row(res, ci: bool = True) -> dict:
+    """One fitted law as a flat dict: the six parameters, R^2, the Huber sum, the number of runs
+    and, with ``ci``, the bootstrap percentiles as ``<param>_lo`` / ``<param>_hi`` (NaN where
+    there are none).  A parameter that was held fixed is reported at its fixed value."""
+    nan = float("nan")
+    out = {}
+    for p in LAW_PARAMS:
+        v = getattr(res, p)
+        out[p] = nan if v is None else float(v)
+    out.update(r2=float(res.r2), huber=float(res.huber), n_runs=int(res.n_runs))
+    if ci:
+        for p in LAW_PARAMS:
+            lo, hi = res.ci.get(p, (nan, nan))
+            out[f"{p}_lo"], out[f"{p}_hi"] = float(lo), float(hi)
+    return out
+
+
+def _fmt(col: str, v) -> str:
+    """The printed precision of one table cell, chosen by its column name (stable across machines:
+    the weakly identified A and B get three significant digits, exponents, E and phi three
+    decimals, R^2 four)."""
+    import math
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if isinstance(v, str):
+        return v
+    if isinstance(v, (bool,)):
+        return str(v)
+    base = col.split("_lo")[0].split("_hi")[0].split(" ")[0]
+    if base in ("A", "B"):
+        return f"{float(v):.3g}"
+    if base in ("r2", "R^2", "R2"):
+        return f"{float(v):.4f}"
+    if base in ("huber", "huber_x1e5"):
+        return f"{float(v):.3g}"
+    if base in ("n_runs", "n", "r", "runs", "cells", "pairs"):
+        return f"{int(v)}"
+    if base in ("budget", "budgets"):
+        return f"{float(v):.3g}"
+    return f"{float(v):.3f}"
+
+
+def format_table(df, index: bool = True) -> str:
+    """A table as text with the precision of `_fmt` per column (a column's name, or the last
+    level of a two-level name, picks the format).  Missing values print as ``-``."""
+    import pandas as pd
+    out = pd.DataFrame(index=df.index)
+    for col in df.columns:
+        name = col[-1] if isinstance(col, tuple) else col
+        out[col] = [_fmt(str(name), v) for v in df[col]]
+    if isinstance(df.columns, pd.MultiIndex):
+        out.columns = pd.MultiIndex.from_tuples(list(df.columns))
+    return out.to_string(index=index)
+
+
+def side_by_side(ours, paper, keys=("ours", "paper")):
+    """Two tables with the same row index next to each other under a top column level
+    ``ours | paper``; rows present in only one of them are kept (missing cells are NaN)."""
+    import pandas as pd
+    return pd.concat([ours, paper], axis=1, keys=list(keys))
+
+
+def params_comparison(res, paper: dict, paper_ci: dict | None = None, ci: bool = True):
+    """Parameter-by-parameter table of a fit against published values.
+
+    Rows A, alpha, B, beta, E, phi and R^2; columns ``ours`` (with ``2.5%`` / ``97.5%`` bootstrap
+    percentiles when ``ci``) and ``paper`` (with the paper's interval where it gives one,
+    ``paper_ci`` = {param: (lo, hi)})."""
+    import pandas as pd
+    nan = float("nan")
+    row = law_row(res)
+    rows = []
+    for p in LAW_PARAMS + ("R^2",):
+        key = "r2" if p == "R^2" else p
+        r = {"ours": row[key]}
+        if ci:
+            r["2.5%"] = row.get(f"{key}_lo", nan)
+            r["97.5%"] = row.get(f"{key}_hi", nan)
+        r["paper"] = paper.get(key, nan)
+        lo, hi = (paper_ci or {}).get(key, (nan, nan))
+        r["paper 2.5%"], r["paper 97.5%"] = lo, hi
+        rows.append(r)
+    df = pd.DataFrame(rows, index=list(LAW_PARAMS) + ["R^2"])
+    df.index.name = "param"
+    return df
+
+
+def format_params(df) -> str:
+    """Text of a `params_comparison` table, each row printed with its parameter's precision."""
+    lines = []
+    width = max(len(c) for c in df.columns)
+    width = max(width, 9)
+    lines.append(f"{'param':<6}" + "".join(f" {c:>{width}}" for c in df.columns))
+    for p, row in df.iterrows():
+        lines.append(f"{p:<6}" + "".join(f" {_fmt(p if p != 'R^2' else 'r2', v):>{width}}" for v in row))
+    return "\n".join(lines)
+
+
+def residuals_by_r(res, runs):
+    """Residuals (observed minus predicted loss, nats) of a fitted law, summarised per r: number
+    of runs, mean residual, largest absolute residual and RMSE (the paper's per-r table)."""
+    import numpy as np
+    import pandas as pd
+    from .fit import residuals
+    df = pd.DataFrame({"r": runs["r"].astype(int).to_numpy(), "res": residuals(res, runs)})
+    g = df.groupby("r")["res"]
+    out = pd.DataFrame({"n_runs": g.size(), "mean_residual": g.mean(),
+                        "max_abs_residual": g.apply(lambda x: float(np.abs(x).max())),
+                        "rmse": g.apply(lambda x: float(np.sqrt(np.mean(np.square(x)))))})
+    return out
+
+
+def _budget_markers(budgets):
+    return {b: _BUDGET_MARKERS[i % len(_BUDGET_MARKERS)] for i, b in enumerate(sorted(set(budgets)))}
+
+
+def plot_residuals(ax, res, runs, title: str | None = None):
+    """Residuals of a fitted law against unique non-embedding parameters N (log axis): colour is
+    r, marker is the training budget; the grey band is +-1 RMSE of all runs."""
+    import numpy as np
+    from .fit import residuals
+    resid = residuals(res, runs)
+    n = (runs["n_once"] + runs["n_rec"]).to_numpy(float)
+    marks = _budget_markers(runs["budget"])
+    rmse = float(np.sqrt(np.mean(resid ** 2)))
+    ax.axhspan(-rmse, rmse, color="0.85", alpha=0.6, lw=0, label=f"+-RMSE ({rmse:.3f} nats)")
+    ax.axhline(0, color="0.3", lw=0.8)
+    for r in sorted(runs["r"].unique()):
+        for b, m in marks.items():
+            sel = (runs["r"].to_numpy() == r) & np.isclose(runs["budget"].to_numpy(float), b)
+            if sel.any():
+                ax.scatter(n[sel], resid[sel], color=_R_COLORS.get(int(r), "0.5"), marker=m, s=30,
+                           edgecolor="white", lw=0.4, zorder=3)
+    for r in sorted(runs["r"].unique()):
+        ax.scatter([], [], color=_R_COLORS.get(int(r), "0.5"), marker="o", label=f"r = {int(r)}")
+    for b, m in marks.items():
+        ax.scatter([], [], color="0.4", marker=m, label=f"C = {b:.2g} FLOPs")
+    ax.set_xscale("log")
+    ax.set_xlabel("unique non-embedding parameters N")
+    ax.set_ylabel("observed - predicted loss (nats)")
+    ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.16))
+    if title:
+        ax.set_title(title, fontsize=10)
+    return ax
+
+
+def plot_predicted_vs_observed(ax, res, runs, title: str | None = None):
+    """Observed final loss against the fitted law's prediction for every run (colour r, marker
+    budget), with the identity line."""
+    import numpy as np
+    from .fit import predict
+    pred = predict(res, runs["n_once"], runs["n_rec"], runs["r"], runs["tokens"])
+    obs = runs["loss"].to_numpy(float)
+    marks = _budget_markers(runs["budget"])
+    lo, hi = float(min(pred.min(), obs.min())), float(max(pred.max(), obs.max()))
+    pad = 0.04 * (hi - lo)
+    ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], color="0.3", lw=0.8, ls="--", label="observed = predicted")
+    for r in sorted(runs["r"].unique()):
+        for b, m in marks.items():
+            sel = (runs["r"].to_numpy() == r) & np.isclose(runs["budget"].to_numpy(float), b)
+            if sel.any():
+                ax.scatter(pred[sel], obs[sel], color=_R_COLORS.get(int(r), "0.5"), marker=m, s=30,
+                           edgecolor="white", lw=0.4, zorder=3)
+    for r in sorted(runs["r"].unique()):
+        ax.scatter([], [], color=_R_COLORS.get(int(r), "0.5"), marker="o", label=f"r = {int(r)}")
+    for b, m in marks.items():
+        ax.scatter([], [], color="0.4", marker=m, label=f"C = {b:.2g} FLOPs")
+    ax.set_xlim(lo - pad, hi + pad)
+    ax.set_ylim(lo - pad, hi + pad)
+    ax.set_aspect("equal")
+    ax.set_xlabel("predicted loss (nats/token)")
+    ax.set_ylabel("observed validation loss (nats/token)")
+    ax.legend(fontsize=7, loc="upper left")
+    if title:
+        ax.set_title(title, fontsize=10)
+    return ax
+
+
+def plot_bootstrap(ax, res, param: str = "phi", paper=None, label: str = "ours"):
+    """Histogram of the bootstrap resamples of one parameter, with the point estimate and the
+    2.5/97.5 percentile band; ``paper`` = (value, lo, hi) adds the published estimate and interval."""
+    import numpy as np
+    from .fit import REPORT
+    samples = np.asarray(res.boot_samples)[:, REPORT.index(param)]
+    lo, hi = res.ci[param]
+    ax.hist(samples, bins=30, color="#4c72b0", alpha=0.55, label=f"{label}: {len(samples)} resamples")
+    ax.axvspan(lo, hi, color="#4c72b0", alpha=0.12, label=f"{label} 95% interval [{lo:.2f}, {hi:.2f}]")
+    ax.axvline(getattr(res, param), color="#4c72b0", lw=2, label=f"{label} fit {getattr(res, param):.3f}")
+    if paper is not None:
+        v, plo, phi_ = paper
+        ax.axvspan(plo, phi_, color="#dd8452", alpha=0.15, label=f"paper 95% interval [{plo}, {phi_}]")
+        ax.axvline(v, color="#dd8452", lw=2, ls="--", label=f"paper {v}")
+    ax.set_xlabel(f"bootstrap estimate of {param}")
+    ax.set_ylabel("resamples")
+    ax.legend(fontsize=7)
+    return ax
+
+
+def plot_minima_laws(axes, minima_runs, laws: dict, budgets=None):
+    """Two views of laws fitted to (or compared on) the published compute-optimal minima.
+
+    Left: the published L* per budget and r (points) and each law's prediction at the same
+    (N*, D*) (lines).  Right: each law's compute-optimal loss of the plain model (r = 1, paper
+    widths, `looped.fit.compute_optimal`) extrapolated over ``budgets``; the shaded span is the
+    range of budgets the paper trained.  ``laws`` maps a label to a FitResult."""
+    import numpy as np
+    from .fit import compute_optimal, predict
+    left, right = axes
+    styles = ["-", "--", ":", "-."]
+    for r in sorted(minima_runs["r"].unique()):
+        g = minima_runs[minima_runs["r"] == r].sort_values("budget")
+        left.scatter(g["budget"], g["loss"], color=_R_COLORS.get(int(r), "0.5"), s=30, zorder=3)
+        for (label, law), ls in zip(laws.items(), styles):
+            left.plot(g["budget"], predict(law, g["n_once"], g["n_rec"], g["r"], g["tokens"]),
+                      color=_R_COLORS.get(int(r), "0.5"), ls=ls, lw=1.2)
+    for r in sorted(minima_runs["r"].unique()):
+        left.scatter([], [], color=_R_COLORS.get(int(r), "0.5"), label=f"published L*, r = {int(r)}")
+    for (label, _), ls in zip(laws.items(), styles):
+        left.plot([], [], color="0.3", ls=ls, label=label)
+    left.set_xscale("log")
+    left.set_xlabel("training budget C (FLOPs)")
+    left.set_ylabel("loss at the iso-FLOP minimum (nats/token)")
+    left.legend(fontsize=7)
+    budgets = np.logspace(17.5, 23, 23) if budgets is None else np.asarray(budgets, float)
+    cmin, cmax = float(minima_runs["budget"].min()), float(minima_runs["budget"].max())
+    right.axvspan(cmin, cmax, color="0.9", label="budgets of the paper's sweep")
+    for (label, law), ls in zip(laws.items(), styles):
+        co = compute_optimal(law, r=(1,), budgets=budgets, s_grid=np.arange(2, 400, 1.0))
+        right.plot(co["budget"], co["loss_star"], color="0.2", ls=ls, label=f"{label} (E = {law.E:.2f})")
+    right.set_xscale("log")
+    right.set_xlabel("training budget C (FLOPs)")
+    right.set_ylabel("compute-optimal loss, r = 1 (nats/token)")
+    right.legend(fontsize=7)
+    return axes
+
+
+def same_width_gaps(runs):
+    """Model-free view of what looping costs: for every (budget, width s) at which both the plain
+    model and a looped model were trained, the looped model's loss minus the plain model's
+    (nats; same width, hence almost the same FLOPs per token and tokens).  Summarised per r:
+    number of matched pairs, mean, smallest and largest gap."""
+    import pandas as pd
+    plain = runs[runs["r"] == 1][["budget", "s", "loss"]].rename(columns={"loss": "plain"})
+    looped = runs[runs["r"] > 1][["budget", "s", "r", "loss"]]
+    m = looped.merge(plain, on=["budget", "s"])
+    m["gap"] = m["loss"] - m["plain"]
+    g = m.groupby("r")["gap"]
+    out = pd.DataFrame({"pairs": g.size(), "mean_gap": g.mean(), "min_gap": g.min(), "max_gap": g.max()})
+    out.index = out.index.astype(int)
+    return out
+
+
+def at_bounds(res, tol: float = 1e-6) -> list:
+    """Names of the free parameters of a fit that ended on the edge of the search box (the
+    optimum lies outside the box; such a value is a bound, not an estimate)."""
+    import numpy as np
+    from .fit import HI, LO, REPORT
+    th = np.asarray(res.theta, float)
+    if th.size != len(REPORT):
+        return []
+    return [p for i, p in enumerate(REPORT)
+            if p in res.free and (abs(th[i] - LO[i]) < tol or abs(th[i] - HI[i]) < tol)]
