@@ -1201,6 +1201,21 @@ def _budget_markers(budgets):
     return {b: _BUDGET_MARKERS[i % len(_BUDGET_MARKERS)] for i, b in enumerate(sorted(set(budgets)))}
 
 
+def _scatter_by_r_and_budget(ax, runs, x, y, marks):
+    """One point per run: colour is r, marker is the budget; plus legend-only handles."""
+    import numpy as np
+    for r in sorted(runs["r"].unique()):
+        for b, m in marks.items():
+            sel = (runs["r"].to_numpy() == r) & np.isclose(runs["budget"].to_numpy(float), b)
+            if sel.any():
+                ax.scatter(np.asarray(x)[sel], np.asarray(y)[sel], color=_R_COLORS.get(int(r), "0.5"),
+                           marker=m, s=30, edgecolor="white", lw=0.4, zorder=3)
+    for r in sorted(runs["r"].unique()):
+        ax.scatter([], [], color=_R_COLORS.get(int(r), "0.5"), marker="o", label=f"r = {int(r)}")
+    for b, m in marks.items():
+        ax.scatter([], [], color="0.4", marker=m, label=f"C = {b:.2g} FLOPs")
+
+
 def plot_residuals(ax, res, runs, title: str | None = None):
     """Residuals of a fitted law against unique non-embedding parameters N (log axis): colour is
     r, marker is the training budget; the grey band is +-1 RMSE of all runs."""
@@ -1212,16 +1227,7 @@ def plot_residuals(ax, res, runs, title: str | None = None):
     rmse = float(np.sqrt(np.mean(resid ** 2)))
     ax.axhspan(-rmse, rmse, color="0.85", alpha=0.6, lw=0, label=f"+-RMSE ({rmse:.3f} nats)")
     ax.axhline(0, color="0.3", lw=0.8)
-    for r in sorted(runs["r"].unique()):
-        for b, m in marks.items():
-            sel = (runs["r"].to_numpy() == r) & np.isclose(runs["budget"].to_numpy(float), b)
-            if sel.any():
-                ax.scatter(n[sel], resid[sel], color=_R_COLORS.get(int(r), "0.5"), marker=m, s=30,
-                           edgecolor="white", lw=0.4, zorder=3)
-    for r in sorted(runs["r"].unique()):
-        ax.scatter([], [], color=_R_COLORS.get(int(r), "0.5"), marker="o", label=f"r = {int(r)}")
-    for b, m in marks.items():
-        ax.scatter([], [], color="0.4", marker=m, label=f"C = {b:.2g} FLOPs")
+    _scatter_by_r_and_budget(ax, runs, n, resid, marks)
     ax.set_xscale("log")
     ax.set_xlabel("unique non-embedding parameters N")
     ax.set_ylabel("observed - predicted loss (nats)")
@@ -1242,16 +1248,7 @@ def plot_predicted_vs_observed(ax, res, runs, title: str | None = None):
     lo, hi = float(min(pred.min(), obs.min())), float(max(pred.max(), obs.max()))
     pad = 0.04 * (hi - lo)
     ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], color="0.3", lw=0.8, ls="--", label="observed = predicted")
-    for r in sorted(runs["r"].unique()):
-        for b, m in marks.items():
-            sel = (runs["r"].to_numpy() == r) & np.isclose(runs["budget"].to_numpy(float), b)
-            if sel.any():
-                ax.scatter(pred[sel], obs[sel], color=_R_COLORS.get(int(r), "0.5"), marker=m, s=30,
-                           edgecolor="white", lw=0.4, zorder=3)
-    for r in sorted(runs["r"].unique()):
-        ax.scatter([], [], color=_R_COLORS.get(int(r), "0.5"), marker="o", label=f"r = {int(r)}")
-    for b, m in marks.items():
-        ax.scatter([], [], color="0.4", marker=m, label=f"C = {b:.2g} FLOPs")
+    _scatter_by_r_and_budget(ax, runs, pred, obs, marks)
     ax.set_xlim(lo - pad, hi + pad)
     ax.set_ylim(lo - pad, hi + pad)
     ax.set_aspect("equal")
