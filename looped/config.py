@@ -150,3 +150,13 @@ def model_config(preset: Preset | str = "paper", r: int = 1, s: float = 10, inje
                       lanes=lanes, bptt_k=bptt_k, seq_len=p.seq_len, vocab_size=p.vocab_size,
                       vocab_pad=p.vocab_pad, softcap=p.softcap, preset=p.name, s=s)
     return replace(cfg, **overrides).validate()
+
+
+def run_name(cfg: ModelConfig, budget: float | None = None, steps: int | None = None) -> str:
+    """A readable, unique name for a run within a study (its record's file name)."""
+    parts = [f"C{budget:.3g}" if budget else f"steps{steps}", f"r{cfg.r}", f"s{cfg.s:g}"]
+    if cfg.injection not in ("none", "linear"):
+        parts.append(cfg.injection + (f"{cfg.lanes}" if cfg.injection == "hyperconnect" else ""))
+    if cfg.bptt_k is not None:
+        parts.append(f"k{cfg.bptt_k}")
+    return "_".join(parts).replace("+", "")

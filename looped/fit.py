@@ -911,21 +911,18 @@ PAPER_LAW = dict(A=28.027, alpha=0.19924, B=915.82, beta=0.36863, E=1.56773, phi
 
 
 def paper_grid(study: str = "main", grids=None, batch_tokens: int = 262_144) -> "pd.DataFrame":
-    """The paper's run grid (runs/paper/grids.csv) with the accounting's n_once, n_rec, tokens."""
+    """The paper's run grid (runs/paper/grids.csv, via `looped.sweep.load_study`) with the
+    accounting's n_once, n_rec and tokens."""
     import pandas as pd
 
     from . import accounting as acc
-    from .config import model_config
-    grids = Path(__file__).resolve().parents[1] / "runs" / "paper" / "grids.csv" if grids is None else grids
-    g = pd.read_csv(grids)
-    g = g[g["study"] == study]
+    from .sweep import GRID_FILES, load_study
     rows = []
-    for t in g.itertuples():
-        k = int(t.bptt_k) if int(t.bptt_k) < int(t.r) else None
-        cfg = model_config("paper", r=int(t.r), s=float(t.s), injection=t.injection, bptt_k=k)
-        rows.append(dict(study=study, budget=float(t.budget_flops), r=int(t.r), s=float(t.s),
-                         injection=t.injection, bptt_k=int(t.bptt_k), n_once=acc.n_once(cfg),
-                         n_rec=acc.n_rec(cfg), tokens=acc.tokens_for_budget(cfg, float(t.budget_flops), batch_tokens)))
+    for run in load_study(study, GRID_FILES["paper"] if grids is None else grids, preset="paper"):
+        cfg = run.model_config()
+        rows.append(dict(study=study, budget=run.budget, r=run.r, s=run.s, injection=cfg.injection,
+                         bptt_k=cfg.k_bwd, n_once=acc.n_once(cfg), n_rec=acc.n_rec(cfg),
+                         tokens=acc.tokens_for_budget(cfg, run.budget, batch_tokens)))
     return pd.DataFrame(rows)
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import accounting
-from .config import ConfigError, get_preset, model_config
+from .config import ConfigError, get_preset, model_config, run_name
 
 REPO = Path(__file__).resolve().parent.parent
 GRID_FILES = {"paper": REPO / "runs" / "paper" / "grids.csv", "cpu": REPO / "runs" / "cpu_grids.csv"}
@@ -60,8 +60,7 @@ class Run:
 
     @property
     def run_id(self) -> str:
-        from .train import run_id
-        return run_id(self.train_config())
+        return run_name(self.model_config(), self.budget)
 
 
 def parse_injection(name: str) -> tuple[str, int]:

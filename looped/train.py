@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from . import accounting, data, optim
-from .config import ConfigError, get_preset, model_config
+from .config import ConfigError, get_preset, model_config, run_name
 from .model import LoopedGPT
 
 REPO = Path(__file__).resolve().parent.parent
@@ -69,13 +69,7 @@ class TrainConfig:
 
 def run_id(tc: TrainConfig) -> str:
     """A readable, unique name for a run within a study."""
-    cfg = tc.model_config()
-    parts = [f"C{tc.budget:.3g}" if tc.budget else f"steps{tc.steps}", f"r{cfg.r}", f"s{tc.s:g}"]
-    if cfg.injection not in ("none", "linear"):
-        parts.append(cfg.injection + (f"{cfg.lanes}" if cfg.injection == "hyperconnect" else ""))
-    if cfg.bptt_k is not None:
-        parts.append(f"k{cfg.bptt_k}")
-    return "_".join(parts).replace("+", "")
+    return run_name(tc.model_config(), tc.budget, tc.steps)
 
 
 # ----------------------------------------------------------------------------- utilities
