@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
+REPO = Path(__file__).resolve().parent.parent  # the checkout: runs/, data/, book/ live here
 INJECTIONS = ("none", "linear", "additive", "passthrough", "hyperconnect")
 
 

@@ -38,7 +38,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from .config import Preset, get_preset
+from .config import REPO, Preset, get_preset
 
 
 class DataError(RuntimeError):
@@ -435,7 +435,7 @@ def read_shard(path: str | os.PathLike, verify: bool = True) -> tuple[np.ndarray
 def default_data_dir() -> Path:
     """$LOOPED_DATA, else <repo root>/data (gitignored)."""
     env = os.environ.get("LOOPED_DATA")
-    return Path(env) if env else Path(__file__).resolve().parent.parent / "data"
+    return Path(env) if env else REPO / "data"
 
 
 def _corpus(preset: Preset) -> str:

@@ -16,7 +16,8 @@ PAPER_PHI = 0.459  # the paper's joint fit (95% CI [0.41, 0.53])
 
 def repo_root() -> Path:
     """The repository root (the folder holding `looped/`), whatever the working directory."""
-    return Path(__file__).resolve().parents[1]
+    from .config import REPO
+    return REPO
 
 
 def paper_table(name: str):

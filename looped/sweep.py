@@ -18,9 +18,8 @@ from pathlib import Path
 import pandas as pd
 
 from . import accounting
-from .config import ConfigError, get_preset, model_config, run_name
+from .config import REPO, ConfigError, get_preset, model_config, run_name
 
-REPO = Path(__file__).resolve().parent.parent
 GRID_FILES = {"paper": REPO / "runs" / "paper" / "grids.csv", "cpu": REPO / "runs" / "cpu_grids.csv"}
 # study name -> (grid file key, study column value, preset)
 STUDIES = {

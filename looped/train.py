@@ -24,10 +24,9 @@ import torch
 import torch.distributed as dist
 
 from . import accounting, data, optim
-from .config import ConfigError, get_preset, model_config, run_name
+from .config import REPO, ConfigError, get_preset, model_config, run_name
 from .model import LoopedGPT
 
-REPO = Path(__file__).resolve().parent.parent
 
 
 class TrainError(RuntimeError):
