@@ -49,6 +49,11 @@ PRESETS = {
     # paper's head_dim 128 (so every CPU width is a single head of dim d), a 1024-token BPE
     # trained on the embedded Shakespeare corpus, T 128, 8 rows per step.
     "cpu": Preset("cpu", 4, 2, 128, 1, 1, 8, 128, 1024, 64, 1_024, 4),
+    # The CPU study's preset on the embedded prose corpus (`make corpus`): the paper's
+    # template at effective depth 10 (1 + 8 + 1), d = 8 s in steps of 16, head_dim 16 so every
+    # width of the grid has at least two heads, a 2048-token BPE, T 128, 32 rows per step.
+    # Widths, batch and vocabulary are provisional until the pilot study fixes them.
+    "prose": Preset("prose", 8, 16, 16, 1, 1, 8, 128, 2048, 64, 4_096, 8, 131_072),
     # A toy preset for unit tests: a forward+backward takes milliseconds.
     "tiny": Preset("tiny", 8, 16, 16, 1, 1, 8, 32, 256, 64, 256, 4, 4_096),
 }
