@@ -20,7 +20,8 @@ import pandas as pd
 from . import accounting
 from .config import REPO, ConfigError, get_preset, model_config, run_name
 
-GRID_FILES = {"paper": REPO / "runs" / "paper" / "grids.csv", "cpu": REPO / "runs" / "cpu_grids.csv"}
+GRID_FILES = {"paper": REPO / "runs" / "paper" / "grids.csv", "cpu": REPO / "runs" / "cpu_grids.csv",
+              "gpu": REPO / "runs" / "gpu_grids.csv"}
 # study name -> (grid file key, study column value, preset)
 STUDIES = {
     "paper-main": ("paper", "main", "paper"),
@@ -30,6 +31,7 @@ STUDIES = {
     "cpu-truncated": ("cpu", "truncated_bptt", "cpu"),
     "cpu-hyper": ("cpu", "hyperconnections", "cpu"),
     "cpu-smoke": ("cpu", "smoke", "cpu"),
+    "gpu-main": ("gpu", "main", "paper"),
 }
 
 
@@ -143,6 +145,56 @@ def plan(runs: list[Run], peak_flops: float, mfu: float, timing: tuple[float, fl
     return pd.DataFrame(rows)
 
 
+# Dense bf16 tensor-core peaks (vendor spec sheets, SXM parts unless named) and memory, for
+# dry-run GPU-hour estimates: estimated hours = FLOPs / (peak x assumed MFU).  The MFU is an
+# assumption (--mfu), not a measurement; `tools/gpu_check.py` measures it on a real device.
+GPU_SPECS = {  # name -> (peak FLOP/s, memory bytes)
+    "H200": (989e12, 141e9),
+    "H100": (989e12, 80e9),
+    "H100-PCIe": (756e12, 80e9),
+    "A100": (312e12, 80e9),
+    "A100-40GB": (312e12, 40e9),
+    "L40S": (362e12, 48e9),
+}
+DEFAULT_GPU = "H200"   # assumed when no GPU is visible (the device this project checks on)
+DEFAULT_GPU_MFU = 0.35
+
+
+def detect_gpu() -> tuple[str, float, float] | None:
+    """(name, spec peak, total memory) of the visible CUDA device; None without one."""
+    import torch
+    if not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name(0)
+    total = float(torch.cuda.get_device_properties(0).total_memory)
+    for key in sorted(GPU_SPECS, key=len, reverse=True):
+        if key.split("-")[0] in name and (key != "A100-40GB" or total < 60e9):
+            return name, GPU_SPECS[key][0], total
+    return name, float("nan"), total
+
+
+def gpu_plan(runs: list[Run], peak_flops: float, mfu: float, device_memory: float, gpus: int = 1,
+             micro_batch: int | None = None, dtype: str = "bf16") -> pd.DataFrame:
+    """`plan` for GPUs: each run's micro-batch (automatic for `device_memory` per GPU unless
+    given), its predicted peak memory (looped.memory) and estimated GPU-hours at `mfu` of
+    `peak_flops`; `gpus` data-parallel processes share each step's rows."""
+    from . import memory
+    table = plan(runs, peak_flops, mfu)
+    micro, mem = [], []
+    for run in runs:
+        cfg = run.model_config()
+        rows = get_preset(run.preset).batch_tokens // cfg.seq_len
+        if rows % gpus:
+            raise SweepError(f"{rows} rows per step do not split over {gpus} GPUs")
+        m = micro_batch or memory.auto_micro_batch(cfg, rows // gpus, device_memory, dtype)
+        micro.append(m)
+        mem.append(memory.predict_peak(cfg, m, dtype)["peak_bytes"] / 1e9)
+    table["micro_batch"] = micro
+    table["mem_GB"] = mem
+    table["gpu_hours"] = table.est_seconds / 3600
+    return table
+
+
 def time_model(records: pd.DataFrame) -> tuple[float, float] | None:
     """Least-squares fit of wall seconds = a * steps + b * FLOPs over finished runs (a, b >= 0).
 
@@ -244,25 +296,96 @@ def runs_main(argv=None) -> int:
     return 0
 
 
+def slurm_script(study: str, n_tasks: int, *, sweep_args: list[str] = (), gpus_per_task: int = 1,
+                 time_limit: str = "24:00:00", partition: str | None = None, account: str | None = None,
+                 cpus_per_gpu: int = 8, max_parallel: int | None = None, log_dir: str | Path = "slurm-logs",
+                 python: str | None = None, repo: str | Path = REPO, extra_sbatch: list[str] = ()) -> str:
+    """An sbatch job-array script: array task i runs `looped sweep STUDY --shard i/n_tasks`.
+
+    Each task is one node-local job on `gpus_per_task` GPUs (torchrun data-parallel when more
+    than one).  Shards are disjoint and every run writes its own record atomically, so tasks
+    never collide, and resubmitting the same script resumes: finished records are skipped,
+    interrupted runs continue from their checkpoints (`#SBATCH --requeue` lets SLURM do that
+    after a preemption)."""
+    import shlex
+    if n_tasks < 1 or gpus_per_task < 1:
+        raise SweepError("--slurm needs at least one task and one GPU per task")
+    python = python or sys.executable
+    array = f"0-{n_tasks - 1}" + (f"%{max_parallel}" if max_parallel else "")
+    lines = ["#!/bin/bash", f"# looped sweep {study}: {n_tasks} array task(s), task i runs --shard i/{n_tasks}",
+             f"#SBATCH --job-name=looped-{study}", f"#SBATCH --array={array}", "#SBATCH --nodes=1",
+             "#SBATCH --ntasks=1", f"#SBATCH --gpus-per-task={gpus_per_task}",
+             f"#SBATCH --cpus-per-task={cpus_per_gpu * gpus_per_task}", f"#SBATCH --time={time_limit}",
+             f"#SBATCH --output={log_dir}/%x-%A_%a.out", "#SBATCH --requeue"]
+    if partition:
+        lines.append(f"#SBATCH --partition={partition}")
+    if account:
+        lines.append(f"#SBATCH --account={account}")
+    lines += [f"#SBATCH {x}" for x in extra_sbatch]
+    args = " ".join(shlex.quote(a) for a in sweep_args)
+    launcher = (f"{shlex.quote(python)} -m looped sweep" if gpus_per_task == 1 else
+                f"{shlex.quote(python)} -m torch.distributed.run --standalone --nproc_per_node {gpus_per_task} "
+                f"-m looped sweep")
+    lines += ["set -euo pipefail", f"cd {shlex.quote(str(repo))}",
+              f"mkdir -p {shlex.quote(str(log_dir))}",
+              "export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}",
+              "TASK=${SLURM_ARRAY_TASK_ID:?run this script with sbatch (or set SLURM_ARRAY_TASK_ID)}",
+              f"echo \"looped sweep {study}: shard $TASK/{n_tasks} on $(hostname)\"",
+              f"exec {launcher} {shlex.quote(study)} --shard \"$TASK/{n_tasks}\"" + (f" {args}" if args else ""),
+              ""]
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         prog="looped sweep", description="Run a named study resumably.",
         epilog="An ad-hoc grid: `looped sweep NAME --grid my.csv --preset tiny --out DIR` runs the rows of "
                "my.csv whose study column is NAME (columns: " + ",".join(GRID_COLUMNS) + "; bptt_k >= r "
-               "means full backprop, injection none|linear|additive|passthrough|hyperconnect_Klanes).")
+               "means full backprop, injection none|linear|additive|passthrough|hyperconnect_Klanes).  "
+               "A SLURM cluster: `looped sweep paper-main --slurm 16` writes an sbatch job array whose task i "
+               "runs --shard i/16 (add --submit to pass it to sbatch).")
     ap.add_argument("study", help="a named study (" + ", ".join(STUDIES) + "), or the study column value "
                                   "of the --grid file")
     ap.add_argument("--grid", default=None, help="CSV of runs to use instead of the named studies' grids")
     ap.add_argument("--preset", default="cpu", help="model/data preset of the --grid runs (default cpu)")
     ap.add_argument("--out", default=None, help="folder of run records (default runs/STUDY)")
     ap.add_argument("--shard", default="0/1", help="i/n: run every n-th run starting at i")
-    ap.add_argument("--dry-run", action="store_true", help="list the runs and estimate their wall time")
-    ap.add_argument("--mfu", type=float, default=0.3, help="assumed MFU for --dry-run estimates")
-    ap.add_argument("--timing-from", nargs="+", default=None, metavar="DIR",
-                    help="--dry-run: fit the wall-time model to the finished runs in these folders "
-                         "(default: the study's own folder; with fewer than 4, assume --mfu)")
     ap.add_argument("--checkpoint-every", type=int, default=25)
     ap.add_argument("--verbose", action="store_true", help="progress bar per run")
+    t = ap.add_argument_group("training (passed to every run)")
+    t.add_argument("--micro-batch", type=int, default=None,
+                   help="rows per forward pass per process (default: automatic from the device's memory)")
+    t.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="torch.compile the step (the trainer's default) or run it eager (--no-compile)")
+    t.add_argument("--peak-flops", type=float, default=None,
+                   help="MFU denominator in FLOP/s (default: the trainer's, a known GPU's spec or a measurement)")
+    d = ap.add_argument_group("--dry-run estimates")
+    d.add_argument("--dry-run", action="store_true",
+                   help="list the runs with size, micro-batch, predicted memory and a time estimate")
+    d.add_argument("--mfu", type=float, default=None,
+                   help=f"assumed MFU: of the GPU's spec peak (default {DEFAULT_GPU_MFU}) or, for CPU "
+                        "presets, of the measured matmul peak (default 0.3)")
+    d.add_argument("--gpu", default=None, choices=sorted(GPU_SPECS),
+                   help="estimate for this GPU (default: the visible one, else H200 for the paper-architecture "
+                        "studies; CPU presets without --gpu get the CPU estimate)")
+    d.add_argument("--device-memory", type=float, default=None,
+                   help="bytes per GPU for the automatic micro-batch (default: the visible GPU's, else --gpu's)")
+    d.add_argument("--gpus", type=int, default=1, help="data-parallel GPUs per run (torchrun)")
+    d.add_argument("--timing-from", nargs="+", default=None, metavar="DIR",
+                   help="CPU estimate: fit the wall-time model to the finished runs in these folders "
+                        "(default: the study's own folder; with fewer than 4, assume --mfu)")
+    sl = ap.add_argument_group("SLURM job array")
+    sl.add_argument("--slurm", type=int, default=None, metavar="N",
+                    help="write an sbatch job-array script of N tasks (task i runs --shard i/N) instead of running")
+    sl.add_argument("--slurm-script", default=None, help="where to write it (default slurm/STUDY.sbatch)")
+    sl.add_argument("--gpus-per-task", type=int, default=1, help="GPUs per array task (torchrun when > 1)")
+    sl.add_argument("--time", dest="time_limit", default="24:00:00", help="#SBATCH --time of each task")
+    sl.add_argument("--partition", default=None)
+    sl.add_argument("--account", default=None)
+    sl.add_argument("--max-parallel", type=int, default=None, help="at most this many tasks at once (%%K)")
+    sl.add_argument("--sbatch", action="append", default=[], metavar="OPTION",
+                    help="an extra #SBATCH line, e.g. --sbatch=--constraint=h100 (repeatable)")
+    sl.add_argument("--submit", action="store_true", help="pass the script to sbatch")
     a = ap.parse_args(argv)
     try:
         i, n = (int(x) for x in a.shard.split("/"))
@@ -272,31 +395,105 @@ def main(argv=None) -> int:
         print(f"looped sweep: error: --shard must be i/n with 0 <= i < n, got {a.shard!r}", file=sys.stderr)
         return 2
     out = Path(a.out or REPO / "runs" / a.study)
+    train_kw = {k: v for k, v in (("micro_batch", a.micro_batch), ("compile", a.compile),
+                                  ("peak_flops", a.peak_flops)) if v is not None}
     try:
         runs = load_study(a.study, a.grid, a.preset)
+        if a.slurm is not None:
+            return _write_slurm(a, out)
         if a.dry_run:
-            import torch
-            from .train import matmul_peak
-            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-            peak = matmul_peak(device, torch.bfloat16 if device.type == "cuda" else torch.float32)
-            sources = [Path(p) for p in (a.timing_from or [out])]
-            finished = pd.concat([read_records(p) for p in sources if p.is_dir()] or [pd.DataFrame(columns=COLUMNS)])
-            timing = time_model(finished)
-            table = plan([r for k, r in enumerate(runs) if k % n == i], peak, a.mfu, timing)
-            table["done"] = [record_status(out / f"{rid}.json") or "" for rid in table.run_id]
-            with pd.option_context("display.max_rows", 1000, "display.width", 200):
-                print(table.drop(columns=["n_once", "n_rec"]).to_string(index=False, float_format="%.4g"))
-            todo = table[~table.done.isin(["ok", "diverged"])]
-            basis = (f"{timing[0] * 1e3:.0f} ms/step + {timing[1] * 1e12:.1f} s/TFLOP fitted to {len(finished)} "
-                     f"finished runs in {', '.join(map(str, sources))}" if timing else
-                     f"{a.mfu:.0%} of the measured {peak / 1e9:.0f} GFLOP/s matmul peak ({device.type})")
-            print(f"\n{len(table)} runs ({len(todo)} to do), {table.flops_per_token.mul(table.tokens).sum():.3g} FLOPs; "
-                  f"estimated {todo.est_seconds.sum() / 3600:.2f} h left at {basis}")
-            return 0
+            return _dry_run(a, runs, out, i, n)
         table = sweep(a.study, out, (i, n), a.checkpoint_every, quiet=not a.verbose, grid=a.grid,
-                      preset=a.preset)
+                      preset=a.preset, **train_kw)
     except (SweepError, ConfigError) as e:
         print(f"looped sweep: error: {e}", file=sys.stderr)
         return 2
     print(f"{a.study}: " + ", ".join(f"{k} {v}" for k, v in table.status.value_counts().items()))
+    return 0
+
+
+def _write_slurm(a, out: Path) -> int:
+    import subprocess
+    args = ["--out", str(out.resolve()), "--checkpoint-every", str(a.checkpoint_every)]
+    if a.grid:
+        args += ["--grid", str(Path(a.grid).resolve()), "--preset", a.preset]
+    if a.micro_batch is not None:
+        args += ["--micro-batch", str(a.micro_batch)]
+    if a.compile is not None:
+        args.append("--compile" if a.compile else "--no-compile")
+    if a.peak_flops is not None:
+        args += ["--peak-flops", repr(a.peak_flops)]
+    if a.verbose:
+        args.append("--verbose")
+    path = Path(a.slurm_script or REPO / "slurm" / f"{a.study}.sbatch")
+    text = slurm_script(a.study, a.slurm, sweep_args=args, gpus_per_task=a.gpus_per_task,
+                        time_limit=a.time_limit, partition=a.partition, account=a.account,
+                        max_parallel=a.max_parallel, log_dir=path.parent.resolve() / "logs",
+                        extra_sbatch=a.sbatch)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o755)
+    print(f"wrote {path}: {a.slurm} array task(s), records in {out}")
+    if not a.submit:
+        print(f"submit with: sbatch {path}")
+        return 0
+    try:
+        done = subprocess.run(["sbatch", str(path)], capture_output=True, text=True)
+    except OSError as e:
+        raise SweepError(f"cannot run sbatch ({e.strerror}); submit {path} on the cluster's login node") from None
+    print(done.stdout.strip() or done.stderr.strip())
+    return done.returncode
+
+
+def _dry_run(a, runs: list[Run], out: Path, i: int, n: int) -> int:
+    import torch
+    mine = [r for k, r in enumerate(runs) if k % n == i]
+    detected = detect_gpu()
+    gpu_mode = a.gpu is not None or detected is not None or any(r.preset == "paper" for r in mine)
+    if gpu_mode:
+        if a.gpu is not None:
+            label, (peak, memory_bytes) = a.gpu, GPU_SPECS[a.gpu]
+            source = f"{a.gpu} spec"
+        elif detected is not None:
+            label, peak, memory_bytes = detected
+            source = "the visible GPU"
+            if peak != peak:  # unknown part: measure a large GEMM
+                from .train import matmul_peak
+                peak = matmul_peak(torch.device("cuda"), torch.bfloat16, n=8192)
+        else:
+            label, (peak, memory_bytes) = DEFAULT_GPU, GPU_SPECS[DEFAULT_GPU]
+            source = f"no GPU visible: {DEFAULT_GPU} assumed"
+        mem = a.device_memory or memory_bytes
+        mfu = a.mfu if a.mfu is not None else DEFAULT_GPU_MFU
+        table = gpu_plan(mine, peak, mfu, mem, a.gpus, a.micro_batch)
+        table["done"] = [record_status(out / f"{rid}.json") or "" for rid in table.run_id]
+        cols = ["run_id", "budget", "r", "s", "injection", "bptt_k", "d_model", "n", "tokens", "steps",
+                "micro_batch", "mem_GB", "gpu_hours", "done"]
+        with pd.option_context("display.max_rows", 1000, "display.width", 200):
+            print(table[cols].to_string(index=False, float_format="%.4g"))
+        todo = table[~table.done.isin(["ok", "diverged"])]
+        hours = todo.gpu_hours.sum()
+        print(f"\n{len(table)} runs ({len(todo)} to do), {table.flops_per_token.astype(float).mul(table.tokens.astype(float)).sum():.3g} FLOPs; "
+              f"ESTIMATE {hours:.1f} GPU-hours left ({hours / a.gpus:.1f} h wall on {a.gpus} GPU(s)) on {label} "
+              f"at an assumed {mfu:.0%} MFU of {peak / 1e12:.0f} TFLOP/s dense bf16 ({source}); micro-batch "
+              f"{'fixed' if a.micro_batch else 'automatic'} for {mem / 1e9:.0f} GB per GPU "
+              f"(peak memory predicted by looped.memory, eager bf16)")
+        return 0
+    from .train import matmul_peak
+    device = torch.device("cpu")
+    mfu = a.mfu if a.mfu is not None else 0.3
+    peak = matmul_peak(device, torch.float32)
+    sources = [Path(p) for p in (a.timing_from or [out])]
+    finished = pd.concat([read_records(p) for p in sources if p.is_dir()] or [pd.DataFrame(columns=COLUMNS)])
+    timing = time_model(finished)
+    table = plan(mine, peak, mfu, timing)
+    table["done"] = [record_status(out / f"{rid}.json") or "" for rid in table.run_id]
+    with pd.option_context("display.max_rows", 1000, "display.width", 200):
+        print(table.drop(columns=["n_once", "n_rec"]).to_string(index=False, float_format="%.4g"))
+    todo = table[~table.done.isin(["ok", "diverged"])]
+    basis = (f"{timing[0] * 1e3:.0f} ms/step + {timing[1] * 1e12:.1f} s/TFLOP fitted to {len(finished)} "
+             f"finished runs in {', '.join(map(str, sources))}" if timing else
+             f"{mfu:.0%} of the measured {peak / 1e9:.0f} GFLOP/s matmul peak ({device.type})")
+    print(f"\n{len(table)} runs ({len(todo)} to do), {table.flops_per_token.astype(float).mul(table.tokens.astype(float)).sum():.3g} FLOPs; "
+          f"estimated {todo.est_seconds.sum() / 3600:.2f} h left at {basis}")
     return 0

@@ -320,3 +320,99 @@ def test_cli_dispatch_exit_codes(capsys):
     assert exc.value.code == 0
     text = capsys.readouterr().out
     assert "--grid" in text and "--preset" in text and "budget_flops" in text
+
+
+# ----------------------------------------------------------------------------- GPU dry run, SLURM
+
+def test_gpu_dry_run_prints_micro_batch_memory_and_gpu_hours(capsys):
+    """The paper-architecture studies get the GPU estimate even without a GPU (H200 assumed)."""
+    from looped import memory
+    assert sweep.main(["gpu-main", "--dry-run", "--gpu", "H100"]) == 0
+    text = capsys.readouterr().out
+    header = text.splitlines()[0].split()
+    for col in ("micro_batch", "mem_GB", "gpu_hours"):
+        assert col in header
+    runs = sweep.load_study("gpu-main")
+    lines = {l.split()[0]: dict(zip(header, l.split())) for l in text.splitlines()[1:] if l.strip()
+             and l.split()[0] in {r.run_id for r in runs}}
+    assert len(lines) == len(runs)
+    for run in runs:
+        f = lines[run.run_id]
+        m = memory.auto_micro_batch(run.model_config(), 128, 80e9)
+        assert int(f["micro_batch"]) == m
+        assert float(f["mem_GB"]) <= 0.85 * 80
+        # estimated hours = FLOPs / (989 TFLOP/s x 35%)
+        s = accounting.summary(run.model_config(), run.budget, 262_144)
+        assert float(f["gpu_hours"]) == pytest.approx(s["flops_per_token"] * s["tokens"] / (989e12 * 0.35) / 3600,
+                                                      rel=1e-3)
+    total = float(text.split("ESTIMATE ")[1].split()[0])
+    assert 12 <= total <= 48, "the single-GPU study should fit one to two days on one H100/H200"
+    assert "assumed 35% MFU" in text
+
+
+def test_gpu_dry_run_fixed_micro_batch_and_gpus(capsys):
+    assert sweep.main(["paper-main", "--dry-run", "--gpu", "H200", "--micro-batch", "8", "--gpus", "8",
+                       "--mfu", "0.5"]) == 0
+    text = capsys.readouterr().out
+    header = text.splitlines()[0].split()
+    rows = [dict(zip(header, l.split())) for l in text.splitlines()[1:] if l.split()[:1] and l.split()[0].startswith("C")]
+    assert len(rows) == 116 and {r["micro_batch"] for r in rows} == {"8"}
+    assert "h wall on 8 GPU(s)" in text and "assumed 50% MFU" in text
+
+
+def test_sweep_cli_passes_training_options(grid_csv, tmp_path, monkeypatch):
+    seen = []
+
+    def fake(tc):
+        seen.append(tc)
+        atomic_write_json(Path(tc.out), {"run_id": Path(tc.out).stem, "status": "ok", "loss": 1.0})
+        return {"status": "ok", "loss": 1.0}
+    monkeypatch.setattr("looped.train.train", fake)
+    assert sweep.main([STUDY, "--grid", str(grid_csv), "--preset", "tiny", "--out", str(tmp_path / "o"),
+                       "--micro-batch", "2", "--no-compile", "--peak-flops", "1e12"]) == 0
+    assert seen and all(tc.micro_batch == 2 and tc.compile is False and tc.peak_flops == 1e12 for tc in seen)
+    seen.clear()
+    assert sweep.main([STUDY, "--grid", str(grid_csv), "--preset", "tiny", "--out", str(tmp_path / "p")]) == 0
+    from looped.train import TrainConfig
+    default = TrainConfig()
+    assert all(tc.micro_batch is None and tc.compile == default.compile and tc.peak_flops is None for tc in seen)
+
+
+def test_slurm_script_content(grid_csv, tmp_path, capsys):
+    script = tmp_path / "s" / "t.sbatch"
+    out = tmp_path / "records"
+    assert sweep.main([STUDY, "--grid", str(grid_csv), "--preset", "tiny", "--out", str(out), "--slurm", "3",
+                       "--slurm-script", str(script), "--gpus-per-task", "4", "--time", "02:00:00",
+                       "--partition", "gpu", "--max-parallel", "2", "--sbatch=--constraint=h100",
+                       "--micro-batch", "8", "--no-compile"]) == 0
+    text = script.read_text()
+    assert text.startswith("#!/bin/bash\n") and os.access(script, os.X_OK)
+    for line in ("#SBATCH --array=0-2%2", "#SBATCH --gpus-per-task=4", "#SBATCH --time=02:00:00",
+                 "#SBATCH --partition=gpu", "#SBATCH --constraint=h100", "#SBATCH --requeue",
+                 "TASK=${SLURM_ARRAY_TASK_ID:?"):
+        assert line in text, line
+    cmd = text.strip().splitlines()[-1]
+    assert "torch.distributed.run --standalone --nproc_per_node 4 -m looped sweep t" in cmd
+    assert '--shard "$TASK/3"' in cmd and f"--out {out.resolve()}" in cmd and "--micro-batch 8" in cmd
+    assert "--no-compile" in cmd and f"--grid {grid_csv.resolve()}" in cmd and "--preset tiny" in cmd
+    assert "sbatch" in capsys.readouterr().out
+    assert not out.exists()  # writing the script runs nothing
+
+
+@pytest.mark.timeout(600)
+def test_slurm_array_runs_locally_to_the_full_study(grid_csv, tmp_path):
+    """Each array task, run as SLURM would run it (bash + SLURM_ARRAY_TASK_ID), trains its
+    shard; together the tasks leave every run of the study done."""
+    script, out = tmp_path / "t.sbatch", tmp_path / "records"
+    assert sweep.main([STUDY, "--grid", str(grid_csv), "--preset", "tiny", "--out", str(out), "--slurm", "2",
+                       "--slurm-script", str(script), "--no-compile"]) == 0
+    for task in (0, 1):
+        done = subprocess.run(["bash", str(script)], env={**env1(), "SLURM_ARRAY_TASK_ID": str(task)},
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert f"shard {task}/2" in done.stdout
+    recs = records(out)
+    assert set(recs) == {r.run_id for r in sweep.load_study(STUDY, grid_csv, "tiny")}
+    assert all(r["status"] == "ok" and r["train"]["compile"] is False for r in recs.values())
+    missing = subprocess.run(["bash", str(script)], env=env1(), capture_output=True, text=True)
+    assert missing.returncode != 0 and "SLURM_ARRAY_TASK_ID" in missing.stderr
