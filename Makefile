@@ -9,7 +9,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 unexport MPLBACKEND
 NBVAL  := --nbval-lax --current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
-.PHONY: venv book notebooks test test-unit test-nbval html-check clean
+.PHONY: venv book notebooks test test-unit test-nbval html-check corpus clean
 
 venv: $(STAMP)
 $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
@@ -37,6 +37,9 @@ test-nbval: venv
 html-check: venv  ## after `make book` (builds it first only if there is no build yet)
 	test -f _build/html/index.html || $(MAKE) book
 	$(PY) .ci/check_html.py _build/html
+
+corpus: venv  ## download the prose corpus's pinned sources (~380 MB) into data/sources (CI skips it)
+	$(PY) -m looped.corpus fetch
 
 clean:
 	rm -rf _build .pytest_cache
