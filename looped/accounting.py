@@ -1,8 +1,9 @@
 """Parameter and FLOPs accounting: the x-axis of every plot and the compute axis of every run.
 
-One set of formulas (paper-facts section 3) used by the trainer (steps for a budget), the
-sweep (dry-run sizing), the fitter (compute-optimal allocation) and the book.  Tests check
-them against the live model's parameter counts and against the paper's published tables.
+One set of formulas (the paper's accounting, checked against its Table 6) used by the trainer
+(steps for a budget), the sweep (dry-run sizing), the fitter (compute-optimal allocation) and
+the book.  Tests check them against the live model's parameter counts and against the paper's
+published tables.
 """
 from __future__ import annotations
 

@@ -98,5 +98,92 @@ def main(argv=None) -> int:
         return 2
     if argv[0] == "train":
         return bench_train(argv[1:])
-    from .fit import benchmark
-    return int(benchmark(argv[1:]) or 0)
+    return int(bench_fit(argv[1:]) or 0)
+
+
+# ------------------------------------------------------------------------ bench fit: the fitter
+
+def bench_fit(argv=None) -> int:
+    """`looped bench fit`: the paper's full protocol (500 restarts for the main fit and for each
+    of 200 block-bootstrap resamples) on the synthetic 116-run main grid, timed, against a
+    serial scipy L-BFGS-B reference (timed on a subset of restarts, scaled linearly); then the
+    best objectives are checked (relative differences must be <= 1e-6): the batched solver
+    vs serial scipy from the same starts, and the pruned full protocol vs every restart solved
+    to convergence (no pruning), for the main fit and a few resamples."""
+    ap = argparse.ArgumentParser(prog="looped bench fit")
+    ap.add_argument("--restarts", type=int, default=500)
+    ap.add_argument("--bootstrap", type=int, default=200)
+    ap.add_argument("--boot-restarts", type=int, default=-1,
+                    help="-1 (default): the full protocol; k >= 0: time the warm-start shortcut instead")
+    ap.add_argument("--reference-restarts", type=int, default=20,
+                    help="restarts of the main fit solved by serial scipy (timing and check)")
+    ap.add_argument("--check-resamples", type=int, default=3,
+                    help="bootstrap resamples whose optimum is checked (serial scipy and unpruned)")
+    ap.add_argument("--check-restarts", type=int, default=8,
+                    help="starts per checked resample solved by serial scipy")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    import numpy as np
+
+    from .fit import bootstrap_weights, fit
+    from .law import synthetic_runs
+    from .paper import PAPER_LAW
+    from .solver import LO, WIDTH, RunArrays, lbfgsb, objective, random_starts, serial_fit, solve_restarts
+    df = synthetic_runs(seed=a.seed)
+    data = RunArrays.from_frame(df)
+    free = np.ones(6, bool)
+    R, B = a.restarts, a.bootstrap
+    boot_restarts = None if a.boot_restarts < 0 else a.boot_restarts
+    print(f"synthetic paper main grid: {len(df)} runs, law {PAPER_LAW}, noise 0.01 nats")
+    lbfgsb(LO + WIDTH / 2, data, None, free)          # import scipy outside the timings
+    total_fits = R * (B + 1)
+    t = time.perf_counter()
+    res = fit(df, restarts=R, seed=a.seed, bootstrap=B, boot_restarts=boot_restarts)
+    fast = time.perf_counter() - t
+    what = (f"full protocol: {R} restarts x (1 + {B} resamples) = {total_fits:,} local solves" if boot_restarts is None
+            else f"warm-start shortcut: {R} restarts + {B} resamples x (11 warm + {boot_restarts} random) starts")
+    print(f"{what}: {fast:.2f} s")
+    print(f"  phi = {res.phi:.4f}  CI {res.ci.get('phi')}  Huber {res.huber:.12e}  R^2 {res.r2:.5f}")
+    ss = np.random.SeedSequence(a.seed).spawn(3)
+    starts = random_starts(np.random.default_rng(ss[0]), R, {})       # the main fit's starts
+    t = time.perf_counter()
+    solve_restarts(data, starts, free)
+    print(f"  (main fit alone, {R} restarts: {time.perf_counter() - t:.2f} s)")
+    k = min(a.reference_restarts, R)
+    _, fref, tref, nits = serial_fit(data, starts[:k], free)
+    per = tref / k
+    scaled = per * total_fits
+    print(f"serial scipy L-BFGS-B reference (analytic gradient, ftol 1e-15, gtol 1e-12): {k} restarts "
+          f"in {tref:.2f} s ({per * 1e3:.1f} ms/solve, median {int(np.median(nits))} iterations)")
+    print(f"  scaled to {R} x {B + 1} = {total_fits:,} solves: {scaled:,.0f} s")
+    print(f"speed-up (reference / fast): {scaled / fast:,.0f}x")
+    print("best objectives, relative differences (each must be <= 1e-6 in size):")
+    checks = []
+
+    def show(label, f_fast, f_ref, ref_label):
+        rel = (f_fast - f_ref) / abs(f_ref)
+        checks.append(abs(rel) <= 1e-6)
+        print(f"  {label}: fast {f_fast:.12e}  {ref_label} {f_ref:.12e}  {rel:+.2e}")
+
+    ((_, f_k, _),) = solve_restarts(data, starts[:k], free)
+    show(f"main fit, first {k} starts: batched", f_k, fref, "serial scipy")
+    ((_, f_np, _),) = solve_restarts(data, starts, free, prune_gap=None)
+    show(f"main fit, all {R} starts: fit()", res.huber, f_np, "unpruned")
+    if boot_restarts is None and B > 0 and a.check_resamples > 0:
+        W = bootstrap_weights(df, np.random.default_rng(ss[1]), B)
+        rng_b = np.random.default_rng(ss[2])
+        m = min(a.check_resamples, B)
+        kb = min(a.check_restarts, R)
+        for i in range(m):
+            st = random_starts(rng_b, R, {})                           # resample i's starts in fit()
+            w = W[i]
+            th_w = np.array(res.boot_samples[i], float)
+            th_w[[0, 2, 4]] = np.log(th_w[[0, 2, 4]])
+            f_fit = float(objective(th_w[None], data, w[None], order=0)[0])
+            _, fs, _, _ = serial_fit(data, st[:kb], free, weights=w)
+            ((_, fb, _),) = solve_restarts(data, st[:kb], free, weights=np.repeat(w[None], kb, 0), polish=1)
+            show(f"resample {i}, first {kb} starts: batched", fb, fs, "serial scipy")
+            ((_, fu, _),) = solve_restarts(data, st, free, weights=np.repeat(w[None], R, 0), polish=1, prune_gap=None)
+            show(f"resample {i}, all {R} starts: fit()", f_fit, fu, "unpruned")
+    print(f"{'OK' if all(checks) else 'FAIL'}: {sum(checks)}/{len(checks)} checks within 1e-6")
+    return 0 if all(checks) else 1

@@ -1,0 +1,369 @@
+"""Run-table analysis: the planned and finished runs of a study and what they show without a law.
+
+Study plans and their costs, the runs table of finished records, iso-FLOP minima per
+(budget, r) cell (the paper's parabola in log N), loss gaps of looped models to the plain
+model, the main-design split the joint law is fitted to, and residual summaries of a fit.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from . import accounting as acc
+from .config import REPO
+from .fit import FitError, validate_runs
+from .paper import R_VALUES
+from .tables import short_number, span
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+def study_runs(runs_dirs):
+    """Run records of one or more sweep folders as one table (`looped.sweep.read_records`).
+
+    Relative folders are taken from the repository root.  A folder that does not exist yet (a
+    sweep that has not started) contributes nothing.  Every status is kept; the column
+    ``folder`` names the folder a record came from.
+    """
+    import pandas as pd
+
+    from .sweep import COLUMNS, read_records
+    frames = []
+    for folder in ([runs_dirs] if isinstance(runs_dirs, (str, Path)) else list(runs_dirs)):
+        path = Path(folder)
+        path = path if path.is_absolute() else REPO / path
+        if path.is_dir():
+            frames.append(read_records(path).assign(folder=str(folder)))
+    if not frames:
+        return pd.DataFrame(columns=COLUMNS + ["folder"])
+    return pd.concat(frames, ignore_index=True)
+
+
+def main_design(runs):
+    """Split a runs table into the main-study design the joint law is fitted to and the rest.
+
+    Kept: finished runs (status ``ok``) of the plain model (r = 1) and of looped models with the
+    default linear injection and full backpropagation (``bptt_k == r``).  Returns
+    ``(kept, dropped)``; ``dropped`` has a ``reason`` column.
+    """
+    import numpy as np
+    ok = runs["status"].astype(str) == "ok"
+    r = runs["r"].astype(float)
+    inj = runs["injection"].astype(str)
+    k = runs["bptt_k"].astype(float)
+    design = (r == 1) | ((inj == "linear") & np.isclose(k, r))
+    reason = np.where(~ok, "status " + runs["status"].astype(str), "not the main design")
+    kept = runs[ok & design].reset_index(drop=True)
+    dropped = runs[~(ok & design)].assign(reason=reason[~(ok & design).to_numpy()]).reset_index(drop=True)
+    for col in ("budget", "r", "s", "n_once", "n_rec", "tokens", "loss"):
+        kept[col] = kept[col].astype(float)
+    kept["r"] = kept["r"].astype(int)
+    return kept, dropped
+
+
+def budget_halves(budgets):
+    """Lower and upper halves of a set of training budgets, as two sorted lists.
+
+    An even number of budgets is split in the middle (the paper's six: three and three).  With
+    an odd number the middle budget belongs to both halves (three budgets: the lowest two and
+    the highest two), so that each half still spans more than one iso-FLOP curve.
+    """
+    b = sorted(set(float(x) for x in budgets))
+    h = (len(b) + 1) // 2
+    return b[:h], b[len(b) - h:]
+
+
+def iso_flop_minima(df) -> "pd.DataFrame":
+    """Per (budget, r) cell with >= 3 runs: the parabola of loss in log N (N = n_once + n_rec,
+    unique params) and its vertex.  Columns budget, r, n_runs, n_star, loss_star, tokens_star
+    (tokens interpolated log-linearly in log N at the vertex), inside (vertex within the
+    cell's range of N), opens_up (positive curvature; otherwise the vertex is a maximum)."""
+    import pandas as pd
+
+    df = validate_runs(df)
+    if "budget" not in df.columns:
+        raise FitError("iso-FLOP minima need a budget column")
+    rows = []
+    for (c, r), g in df.groupby(["budget", "r"], sort=True):
+        if len(g) < 3:
+            continue
+        u = np.log(g["n_once"].to_numpy() + g["n_rec"].to_numpy())
+        y = g["loss"].to_numpy()
+        c2, c1, c0 = np.polyfit(u, y, 2)
+        opens = c2 > 0
+        us = -c1 / (2 * c2) if c2 != 0 else float("nan")
+        ls = c0 + c1 * us + c2 * us * us
+        k1, k0 = np.polyfit(u, np.log(g["tokens"].to_numpy()), 1)
+        rows.append(dict(budget=c, r=int(r) if float(r).is_integer() else r, n_runs=len(g),
+                         n_star=float(np.exp(us)), loss_star=float(ls), tokens_star=float(np.exp(k0 + k1 * us)),
+                         inside=bool(u.min() <= us <= u.max()), opens_up=bool(opens)))
+    return pd.DataFrame(rows, columns=["budget", "r", "n_runs", "n_star", "loss_star", "tokens_star",
+                                       "inside", "opens_up"])
+
+
+def study_plan(study: str = "cpu-main", peak_flops: float = 1.0, mfu: float = 1.0):
+    """Every run of a named study with its size, tokens, steps and compute.
+
+    This is ``looped.sweep.plan`` (what ``looped sweep STUDY --dry-run`` prints) plus the
+    columns ``run_flops`` (training FLOPs per token times tokens: the budget up to whole steps)
+    and ``tokens_per_param`` (tokens per unique non-embedding parameter).  ``est_seconds`` is
+    the run's wall time at ``mfu`` of ``peak_flops``.
+    """
+    from .sweep import load_study, plan
+    table = plan(load_study(study), peak_flops, mfu)
+    table["run_flops"] = table["flops_per_token"].astype(float) * table["tokens"]
+    table["tokens_per_param"] = table["tokens"] / table["n"]
+    return table
+
+
+def plan_summary(table):
+    """One row per budget of a study plan: widths, model sizes, tokens, steps, tokens/param.
+
+    Ranges run over the widths of the budget (and over r where marked); N is unique
+    non-embedding parameters, D training tokens per run.
+    """
+    import pandas as pd
+    rows = []
+    for budget, g in table.groupby("budget", sort=True):
+        plain = g[g.r == g.r.min()]
+        deepest = g[g.r == g.r.max()]
+        rows.append({
+            "budget C": f"{budget:.3g}",
+            "runs": len(g),
+            "widths s": ", ".join(f"{s:g}" for s in sorted(g.s.unique())),
+            "d_model": span(g.d_model, lambda v: f"{int(v)}"),
+            f"N (r={int(plain.r.iloc[0])})": span(plain.n),
+            f"N (r={int(deepest.r.iloc[0])})": span(deepest.n),
+            "D per run": span(g.tokens),
+            "steps": span(g.steps, lambda v: f"{int(v)}"),
+            f"D/N (r={int(plain.r.iloc[0])})": span(plain.tokens_per_param, short_number),
+        })
+    return pd.DataFrame(rows)
+
+
+def study_table(study: str = "cpu-main", runs_dir=None):
+    """The planned runs of a study joined with the records found in ``runs_dir``.
+
+    One row per planned run (``study_plan`` columns) with ``status`` ('ok', 'diverged',
+    'failed', 'corrupt', or 'missing' where no record exists yet), ``loss`` (nats),
+    ``wall_seconds`` and ``tokens_per_s`` from the record.  Records of runs outside the planned
+    grid (e.g. an extra budget trained with ``looped sweep STUDY --grid FILE``) are appended
+    from their own fields, with ``planned`` False.  A missing folder means no records.
+    """
+    import pandas as pd
+    from .sweep import COLUMNS, read_records
+    table = study_plan(study).drop(columns=["est_seconds"])
+    table["planned"] = True
+    runs_dir = REPO / "runs" / study if runs_dir is None else Path(runs_dir)
+    rec = read_records(runs_dir) if runs_dir.is_dir() else None
+    cols = ["status", "loss", "wall_seconds", "tokens_per_s"]
+    if rec is None or rec.empty:
+        rec = pd.DataFrame(columns=COLUMNS)
+    table = table.merge(rec[["run_id"] + cols], on="run_id", how="left")
+    extra = rec[~rec.run_id.isin(table.run_id) & rec.budget.notna() & rec.n.notna()].copy()
+    if len(extra):
+        extra["planned"] = False
+        num = ["budget", "s", "d_model", "n", "n_once", "n_rec", "flops_per_token", "tokens", "steps"]
+        extra[num] = extra[num].astype(float)
+        extra["r"] = extra["r"].astype(int)
+        extra["run_flops"] = extra.flops_per_token * extra.tokens
+        extra["tokens_per_param"] = extra.tokens / extra.n
+        table = pd.concat([table, extra[[c for c in table.columns if c in extra.columns]]], ignore_index=True)
+        table = table.sort_values(["budget", "r", "s"], kind="stable").reset_index(drop=True)
+    table["status"] = table["status"].fillna("missing")
+    for c in cols[1:]:
+        table[c] = table[c].astype(float)
+    return table
+
+
+def status_counts(table):
+    """Finished ('ok') runs over planned runs, per budget (rows) and r (columns)."""
+    g = table.assign(ok=table.status.eq("ok")).groupby(["budget", "r"])
+    cell = (g.ok.sum().astype(int).astype(str) + "/" + g.size().astype(str)).unstack("r")
+    cell.index = [f"{b:.3g}" for b in cell.index]
+    cell.index.name = "budget"
+    cell.columns = [f"r={r}" for r in cell.columns]
+    return cell
+
+
+def loss_pivot(table, decimals: int = 3):
+    """Final validation loss (nats) of every finished run: rows (budget, s, d_model), columns r."""
+    ok = table[table.status == "ok"]
+    pv = ok.pivot_table(index=["budget", "s", "d_model"], columns="r", values="loss", aggfunc="first")
+    full = table.pivot_table(index=["budget", "s", "d_model"], columns="r", values="n", aggfunc="first")
+    pv = pv.reindex(index=full.index, columns=full.columns).round(decimals)
+    pv.columns = [f"r={r}" for r in pv.columns]
+    pv.index = pv.index.set_levels([[f"{b:.3g}" for b in pv.index.levels[0]]] + list(pv.index.levels[1:]))
+    return pv
+
+
+def iso_flop_cells(table, min_runs: int = 3):
+    """Iso-FLOP minima of a study's finished runs, one row per (budget, r) cell.
+
+    `iso_flop_minima` fits the parabola of loss in log N (N unique) per cell with
+    at least ``min_runs`` finished runs and returns its vertex (``n_star``, ``loss_star``) and
+    whether it lies inside the cell's width bracket (``inside``) and is a minimum
+    (``opens_up``).  Added here: ``tokens_per_param`` at the vertex, the finished and planned
+    run counts, whether the cell's best run is its narrowest or widest (``best_at``), and
+    ``fitted`` (False for cells skipped for having too few runs; their vertex columns are NaN).
+    """
+    import pandas as pd
+    ok = table[(table.status == "ok") & table.loss.notna()]
+    keep = ["budget", "r", "n_once", "n_rec", "tokens", "loss", "s", "status"]
+    minima = iso_flop_minima(ok[keep]) if len(ok) else pd.DataFrame(
+        columns=["budget", "r", "n_runs", "n_star", "loss_star", "tokens_star", "inside", "opens_up"])
+    rows = []
+    for (budget, r), g in table.groupby(["budget", "r"], sort=True):
+        done = g[(g.status == "ok") & g.loss.notna()].sort_values("n")
+        row = dict(budget=budget, r=int(r), planned=len(g), finished=len(done))
+        if len(done):
+            best = done.loc[done.loss.idxmin()]
+            row["best_s"] = float(best.s)
+            row["best_at"] = ("narrowest" if best.n == done.n.min() else "widest" if best.n == done.n.max()
+                              else "interior") if len(done) >= 3 else "-"
+        hit = minima[(minima.budget == budget) & (minima.r == r)] if len(minima) else minima
+        row["fitted"] = len(done) >= min_runs and len(hit) > 0
+        if row["fitted"]:
+            m = hit.iloc[0]
+            row.update(n_star=m.n_star, loss_star=m.loss_star, tokens_star=m.tokens_star,
+                       tokens_per_param=m.tokens_star / m.n_star, inside=bool(m.inside),
+                       opens_up=bool(m.opens_up))
+        rows.append(row)
+    cols = ["budget", "r", "planned", "finished", "fitted", "best_s", "best_at", "n_star", "loss_star",
+            "tokens_star", "tokens_per_param", "inside", "opens_up"]
+    return pd.DataFrame(rows).reindex(columns=cols)
+
+
+def minima_exponents(minima, min_cells: int = 2):
+    """Least-squares slope a of log N* against log C per r (N* grows as C^a), over the cells of
+    ``minima`` (columns budget, r, n_star; rows with ``inside`` False or NaN N* are left out)."""
+    import numpy as np
+    import pandas as pd
+    m = minima.dropna(subset=["n_star"])
+    if "inside" in m.columns:
+        m = m[m["inside"].astype(bool)]
+    rows = []
+    for r in R_VALUES:
+        g = m[m.r == r]
+        a = float(np.polyfit(np.log(g.budget.astype(float)), np.log(g.n_star.astype(float)), 1)[0]) \
+            if g.budget.nunique() >= min_cells else float("nan")
+        rows.append(dict(r=r, cells=len(g), exponent=a))
+    return pd.DataFrame(rows)
+
+
+def same_width_gaps(runs):
+    """Model-free view of what looping costs: for every (budget, width s) at which both the plain
+    model and a looped model were trained, the looped model's loss minus the plain model's
+    (nats; same width, hence almost the same FLOPs per token and tokens).  Summarised per r:
+    number of matched pairs, mean, smallest and largest gap."""
+    import pandas as pd
+    plain = runs[runs["r"] == 1][["budget", "s", "loss"]].rename(columns={"loss": "plain"})
+    looped = runs[runs["r"] > 1][["budget", "s", "r", "loss"]]
+    m = looped.merge(plain, on=["budget", "s"])
+    m["gap"] = m["loss"] - m["plain"]
+    g = m.groupby("r")["gap"]
+    out = pd.DataFrame({"pairs": g.size(), "mean_gap": g.mean(), "min_gap": g.min(), "max_gap": g.max()})
+    out.index = out.index.astype(int)
+    return out
+
+
+def residuals_by_r(res, runs):
+    """Residuals (observed minus predicted loss, nats) of a fitted law, summarised per r: number
+    of runs, mean residual, largest absolute residual and RMSE (the paper's per-r table)."""
+    import numpy as np
+    import pandas as pd
+    from .law import residuals
+    df = pd.DataFrame({"r": runs["r"].astype(int).to_numpy(), "res": residuals(res, runs)})
+    g = df.groupby("r")["res"]
+    out = pd.DataFrame({"n_runs": g.size(), "mean_residual": g.mean(),
+                        "max_abs_residual": g.apply(lambda x: float(np.abs(x).max())),
+                        "rmse": g.apply(lambda x: float(np.sqrt(np.mean(np.square(x)))))})
+    return out
+
+
+def run_costs(table):
+    """Wall time of the finished runs per budget and in total (from the records): runs, summed
+    wall seconds, training tokens, tokens/s (total tokens over total time) and the model
+    FLOP/s that the accounting credits them with."""
+    import pandas as pd
+    ok = table[(table.status == "ok") & table.wall_seconds.notna()].copy()
+    ok["model_flops"] = ok.flops_per_token.astype(float) * ok.tokens
+    rows = []
+    for key, g in list(ok.groupby("budget", sort=True)) + [("total", ok)]:
+        wall = g.wall_seconds.sum()
+        rows.append({"budget": key if key == "total" else f"{key:.3g}", "runs": len(g), "wall_seconds": wall,
+                     "wall_hours": wall / 3600, "tokens": g.tokens.sum(),
+                     "tokens_per_s": g.tokens.sum() / wall if wall else float("nan"),
+                     "model_gflops_per_s": g.model_flops.sum() / wall / 1e9 if wall else float("nan")})
+    return pd.DataFrame(rows)
+
+
+H200_BF16_DENSE_PEAK = 989e12  # FLOP/s: the vendor's dense bf16 tensor-core figure (no sparsity)
+
+
+def study_compute(study: str = "paper-main", peak_flops: float = H200_BF16_DENSE_PEAK, mfu: float = 0.3):
+    """Training compute of a study per budget: runs, total FLOPs, and accelerator-hours at an
+    ASSUMED ``mfu`` of ``peak_flops`` (default: the H200's dense bf16 peak at 30% MFU, the
+    default of ``looped sweep --dry-run``; the validation passes and restarts are not included)."""
+    import pandas as pd
+    plan_ = study_plan(study)
+    rows = []
+    for key, g in list(plan_.groupby("budget", sort=True)) + [("total", plan_)]:
+        flops = g.run_flops.sum()
+        rows.append({"budget": key if key == "total" else f"{key:.3g}", "runs": len(g), "flops": flops,
+                     "gpu_hours": flops / (peak_flops * mfu) / 3600,
+                     "longest_run_hours": g.run_flops.max() / (peak_flops * mfu) / 3600})
+    return pd.DataFrame(rows)
+
+
+def loss_gaps_to_plain(table, paper=None, min_runs: int = 3):
+    """How much loss looping costs at equal compute: for each budget, the best loss at r
+    minus the best loss at r = 1 (nats; negative means the looped model did better).
+
+    Ours: the lowest final loss among the finished runs of a (budget, r) cell, for cells with at
+    least ``min_runs`` finished runs.  With ``paper`` (``paper_minima()``): the published L*
+    differences as well.  One row per (source, budget), one column per looped r.
+    """
+    import pandas as pd
+    ok = table[(table.status == "ok") & table.loss.notna()]
+    g = ok.groupby(["budget", "r"]).loss
+    best = g.min().where(g.size() >= min_runs).unstack("r")
+    frames = [(best.sub(best[1], axis=0) if 1 in best.columns else best * float("nan")).assign(source="ours (best run)")]
+    if paper is not None:
+        ls = paper.pivot(index="budget", columns="r", values="loss_star")
+        frames.append(ls.sub(ls[1], axis=0).assign(source="paper (L*)"))
+    out = pd.concat(frames).reset_index()
+    out["budget"] = [f"{b:.3g}" for b in out["budget"]]
+    cols = [r for r in R_VALUES if r != 1 and r in out.columns]
+    return out[["source", "budget"] + cols].rename(columns={r: f"r={r}" for r in cols})
+
+
+def study_learning_rates(study: str = "cpu-main"):
+    """Peak learning rates (``looped.optim.learning_rates``, HyperP transfer) of every run of a
+    study: one row per run with the matrix (MuonH), embedding, head and norm rates."""
+    import pandas as pd
+    from .optim import learning_rates
+    from .sweep import load_study
+    from .config import get_preset
+    rows = []
+    for run in load_study(study):
+        cfg = run.model_config()
+        bt = get_preset(run.preset).batch_tokens
+        lrs = learning_rates(cfg, bt, acc.tokens_for_budget(cfg, run.budget, bt))
+        rows.append(dict(budget=run.budget, r=run.r, s=run.s, d_model=cfg.d_model, **lrs))
+    return pd.DataFrame(rows)
+
+
+def learning_rate_summary(studies=("paper-main", "cpu-main")):
+    """Range of each peak learning rate over the runs of each budget of the given studies."""
+    import pandas as pd
+    rows = []
+    for study in studies:
+        lr = study_learning_rates(study)
+        for budget, g in lr.groupby("budget", sort=True):
+            rows.append({"study": study, "budget": f"{budget:.3g}",
+                         **{k: span(g[k], lambda v: f"{v:.4f}") for k in ("matrix", "embedding", "head", "norm")}})
+    return pd.DataFrame(rows)

@@ -1,0 +1,533 @@
+"""Figures for the book, drawn with one palette and readable defaults.
+
+One colour per number of recurrences r (`R_COLORS`) and one per training budget
+(`budget_color`, the budget's place on its grid, the same in every figure), markers per budget
+(`budget_marker`).  Matplotlib and seaborn are imported inside the functions, so importing this
+module is cheap.  Every function draws on axes it is given (or makes its own) and returns them.
+"""
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+from .config import model_config
+from .paper import PAPER_PHI, PAPER_PHI_CI, R_VALUES
+from .tables import eng
+
+# one colour per r (colour-blind safe, Okabe-Ito): the plain model dark grey, looped models
+# blue, green, vermillion in order of r
+R_COLORS = {1: "#444444", 2: "#0072b2", 4: "#009e73", 8: "#d55e00"}
+BUDGET_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+OURS_COLOR, PAPER_COLOR = "#4c72b0", "#dd8452"   # our estimates beside the published ones
+LEGEND_FONTSIZE = 8       # the smallest text in a figure; panels are sized so this stays readable
+
+
+_SYMBOLS = {"phi": "φ", "alpha": "α", "beta": "β"}
+
+
+def r_color(r) -> str:
+    """The colour of r in every figure (grey for an r outside the paper's four)."""
+    return R_COLORS.get(int(r), "0.5")
+
+
+@lru_cache(maxsize=None)
+def _grid_budgets() -> tuple:
+    """The sorted training budgets of each grid file (the paper's, ours), one tuple per grid."""
+    import pandas as pd
+    from .sweep import GRID_FILES
+    return tuple(tuple(sorted(float(b) for b in pd.read_csv(p)["budget_flops"].unique()))
+                 for p in GRID_FILES.values() if p.exists())
+
+
+def _budget_position(budget: float, others=()) -> tuple[float, int]:
+    """(place in [0, 1], index) of a budget on the grid it belongs to (the first grid whose range,
+    widened by 3x, holds it), log-spaced; a budget on no grid is placed among `others`."""
+    b = float(budget)
+    for grid in _grid_budgets():
+        if grid[0] / 3 <= b <= grid[-1] * 3:
+            lo, hi = math.log(grid[0]), math.log(grid[-1])
+            t = 0.0 if hi == lo else (math.log(b) - lo) / (hi - lo)
+            idx = min(range(len(grid)), key=lambda i: abs(math.log(grid[i]) - math.log(b)))
+            return min(max(t, 0.0), 1.0), idx
+    pool = sorted({float(x) for x in others} | {b})
+    i = pool.index(b)
+    return (i / (len(pool) - 1) if len(pool) > 1 else 0.0), i
+
+
+def budget_color(budget: float, others=()):
+    """The colour of a training budget in every figure: viridis at the budget's place on its grid."""
+    import matplotlib
+    t, _ = _budget_position(budget, others)
+    return matplotlib.colormaps["viridis"](0.05 + 0.85 * t)
+
+
+def budget_marker(budget: float, others=()) -> str:
+    """The marker of a training budget in every figure (by its index on its grid)."""
+    return BUDGET_MARKERS[_budget_position(budget, others)[1] % len(BUDGET_MARKERS)]
+
+
+def budget_colors(budgets) -> dict:
+    """{budget: colour} for a set of budgets, sorted (`budget_color`)."""
+    bs = sorted({float(b) for b in budgets})
+    return {b: budget_color(b, bs) for b in bs}
+
+
+def budget_markers(budgets) -> dict:
+    """{budget: marker} for a set of budgets, sorted (`budget_marker`)."""
+    bs = sorted({float(b) for b in budgets})
+    return {b: budget_marker(b, bs) for b in bs}
+
+
+def _box(ax, x, y, w, h, text, color, fontsize=9):
+    from matplotlib.patches import FancyBboxPatch
+    ax.add_patch(FancyBboxPatch((x - w / 2, y - h / 2), w, h, boxstyle="round,pad=0.02,rounding_size=0.08",
+                                fc=color, ec="0.25", lw=1.0))
+    ax.text(x, y, text, ha="center", va="center", fontsize=fontsize)
+
+
+def _arrow(ax, x0, y0, x1, y1, **kw):
+    ax.annotate("", xy=(x1, y1), xytext=(x0, y0),
+                arrowprops=dict(arrowstyle="-|>", color=kw.pop("color", "0.2"), lw=kw.pop("lw", 1.2), **kw))
+
+
+def draw_topology(ax=None, r: int = 4, preset: str = "paper", injection: str | None = None, lanes: int = 2,
+                  bptt_k: int | None = None):
+    """Boxes-and-arrows diagram of the prelude / recurrent block / coda model, with its loop arrow.
+
+    `injection=None` is the preset default: the plain model for r=1, linear injection otherwise.
+    """
+    import matplotlib.pyplot as plt
+    cfg = model_config(preset, r=r, s=10, injection=injection, lanes=lanes, bptt_k=bptt_k)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(10, 3.2))
+    colors = dict(io="#e8e8e8", once="#9ecae1", rec="#fdae6b", inj="#c7e9c0", norm="#f0f0f0")
+    y = 0.0
+    xs = dict(emb=0.6, pre=2.0, inj=3.6, rec=5.3, norm=6.8, coda=8.3, head=9.7)
+    _box(ax, xs["emb"], y, 1.0, 0.8, "embed\n+ RMSNorm", colors["io"])
+    _box(ax, xs["pre"], y, 1.2, 0.8, f"prelude\n{cfg.n_prelude} blocks", colors["once"])
+    inj_text = {"linear": "inject\nW[e; s]", "additive": "inject\ns + e", "passthrough": "inject\ns",
+                "hyperconnect": f"read lanes\n(K={cfg.lanes})", "none": ""}[cfg.injection]
+    if cfg.looped:
+        _box(ax, xs["inj"], y, 1.2, 0.8, inj_text, colors["inj"])
+        _box(ax, xs["rec"], y, 1.4, 0.8, f"recurrent\n{cfg.n_loop_layers} blocks", colors["rec"])
+        _box(ax, xs["norm"], y, 1.0, 0.8, "shared\nRMSNorm", colors["norm"])
+        for a, b, wa, wb in (("pre", "inj", 1.2, 1.2), ("inj", "rec", 1.2, 1.4), ("rec", "norm", 1.4, 1.0),
+                             ("norm", "coda", 1.0, 1.2)):
+            _arrow(ax, xs[a] + wa / 2, y, xs[b] - wb / 2, y)
+        # the loop: from the shared norm back to the injection, run r times
+        ax.annotate("", xy=(xs["inj"], y + 0.42), xytext=(xs["norm"], y + 0.42),
+                    arrowprops=dict(arrowstyle="-|>", color="#d95f02", lw=2.0,
+                                    connectionstyle="arc3,rad=0.55"))
+        grad = "" if cfg.k_bwd == cfg.r else f", gradient through last {cfg.k_bwd}"
+        ax.text((xs["inj"] + xs["norm"]) / 2, y + 1.45, f"state s, repeated r = {cfg.r} times{grad}",
+                ha="center", va="center", fontsize=9, color="#d95f02")
+        # e, the prelude output, feeds every injection
+        ax.annotate("", xy=(xs["inj"], y - 0.42), xytext=(xs["pre"] + 0.3, y - 0.42),
+                    arrowprops=dict(arrowstyle="-|>", color="0.45", lw=1.0, ls="--",
+                                    connectionstyle="arc3,rad=0.5"))
+        ax.text((xs["pre"] + xs["inj"]) / 2 + 0.15, y - 1.05, "e (prelude output)", ha="center", fontsize=8, color="0.35")
+    else:
+        _box(ax, (xs["inj"] + xs["norm"]) / 2, y, 3.6, 0.8, f"{cfg.n_loop_layers} plain blocks, run once", colors["once"])
+        _arrow(ax, xs["pre"] + 0.6, y, xs["inj"] - 0.6, y)
+        _arrow(ax, xs["norm"] + 0.5, y, xs["coda"] - 0.6, y)
+    _box(ax, xs["coda"], y, 1.2, 0.8, f"coda\n{cfg.n_coda} blocks", colors["once"])
+    _box(ax, xs["head"], y, 1.0, 0.8, "RMSNorm\n+ LM head", colors["io"])
+    _arrow(ax, xs["emb"] + 0.5, y, xs["pre"] - 0.6, y)
+    _arrow(ax, xs["coda"] + 0.6, y, xs["head"] - 0.5, y)
+    ax.set_xlim(-0.1, 10.4)
+    ax.set_ylim(-1.4, 1.8)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    ax.set_title(f"r = {cfg.r}: {cfg.n_prelude} + {cfg.n_loop_layers}x{cfg.r} + {cfg.n_coda} = "
+                 f"{cfg.n_prelude + cfg.n_loop_layers * cfg.r + cfg.n_coda} effective layers "
+                 f"(injection: {cfg.injection})", fontsize=10)
+    return ax
+
+
+def plot_accounting_vs_r(ax=None, s_values=(6, 10, 20, 34), phi: float = PAPER_PHI, preset: str = "paper"):
+    """FLOPs/token, unique N and N_eff relative to the plain r=1 model at the same width."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+    from .architecture import accounting_grid
+    grid = accounting_grid(preset, s_values=s_values, phi=phi)
+    base = grid[grid.r == 1].set_index("s")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 4))
+    palette = dict(zip(("training FLOPs / token", f"effective N (φ = {phi})", "unique N"), sns.color_palette("deep", 3)))
+    styles = dict(zip(s_values, ("-", "--", "-.", ":")))
+    for s in s_values:
+        g = grid[grid.s == s]
+        for label, col in zip(palette, ("flops_per_token", "n_eff", "n")):
+            ax.plot(g.r, g[col] / base.loc[s, col], marker="o", ms=4, color=palette[label], ls=styles[s],
+                    label=label if s == s_values[0] else None)
+    for s in s_values:
+        ax.plot([], [], color="0.4", ls=styles[s], label=f"s = {s} (d = {int(base.loc[s, 'd_model'])})")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(R_VALUES), [str(r) for r in R_VALUES])
+    ax.set_xlabel("recurrences r (iso-depth: 20 effective layers)")
+    ax.set_ylabel("relative to the plain model (r = 1)")
+    ax.set_ylim(0, 1.1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower left")
+    return ax
+
+
+def plain_log_axis(axis):
+    """Label a log axis at 1 and 3 x 10^k with short numbers (3k, 10M) and no minor labels."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 3.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: eng(v, 3)))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def plot_iso_flop_curves(table, axes=None, min_runs: int = 3, unit: str = "nats"):
+    """The paper's Figure 2 layout: one panel per r, loss against unique N (log axis), one
+    colour per budget, the parabola in log N of each cell with >= ``min_runs`` finished runs
+    and its vertex (a star when it lies inside the bracket and is a minimum, a cross otherwise).
+    """
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.lines import Line2D
+    r_values = sorted(table.r.unique())
+    if axes is None:
+        _, axes = plt.subplots(1, len(r_values), figsize=(3.4 * len(r_values), 3.6), sharey=True)
+    axes = np.atleast_1d(axes)
+    colors = budget_colors(table.budget.unique())
+    ok = table[(table.status == "ok") & table.loss.notna()]
+    for ax, r in zip(axes, r_values):
+        for budget, color in colors.items():
+            g = ok[(ok.r == r) & (ok.budget == budget)].sort_values("n")
+            if g.empty:
+                continue
+            ax.plot(g.n, g.loss, "o", color=color, ms=5, label=f"C = {budget:.3g}")
+            if len(g) >= min_runs:
+                u = np.log(g.n.to_numpy(float))
+                c2, c1, c0 = np.polyfit(u, g.loss.to_numpy(float), 2)
+                uu = np.linspace(u.min() - 0.15, u.max() + 0.15, 100)
+                ax.plot(np.exp(uu), c0 + c1 * uu + c2 * uu ** 2, "-", color=color, lw=1.4, alpha=0.8)
+                if c2 != 0:
+                    us = -c1 / (2 * c2)
+                    good = c2 > 0 and u.min() <= us <= u.max()
+                    if good:
+                        ax.plot(np.exp(us), c0 + c1 * us + c2 * us ** 2, "*", color=color, ms=14,
+                                mec="black", mew=0.7, zorder=5)
+                    else:
+                        ax.plot(g.n.iloc[g.loss.to_numpy().argmin()], g.loss.min(), "x", color="black",
+                                ms=8, mew=1.5, zorder=5)
+        ax.set_xscale("log")
+        plain_log_axis(ax.xaxis)
+        ax.set_title(f"r = {r}")
+        ax.set_xlabel("unique non-embedding params N")
+        ax.grid(alpha=0.3, which="both")
+    axes[0].set_ylabel(f"final validation loss ({unit})")
+    handles = [Line2D([], [], color=c, marker="o", ls="-", label=f"C = {b:.3g} FLOPs") for b, c in colors.items()]
+    handles += [Line2D([], [], color="0.5", marker="*", ms=12, mec="black", ls="", label="parabola vertex (inside)"),
+                Line2D([], [], color="black", marker="x", ms=8, ls="", label="best run (vertex outside)")]
+    axes[-1].legend(handles=handles, fontsize=LEGEND_FONTSIZE, loc="best")
+    return axes
+
+
+def plot_minima_vs_budget(paper, ours=None, axes=None):
+    """The paper's published minima per r against the budget: N* (left), L* (middle), and the
+    tokens per unique parameter at the minimum (right) with our CPU minima beside the paper's."""
+    import matplotlib.pyplot as plt
+    if axes is None:
+        _, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    for r in R_VALUES:
+        g = paper[paper.r == r].sort_values("budget")
+        axes[0].plot(g.budget, g.n_star / 1e6, "o-", color=r_color(r), label=f"r = {r}")
+        axes[1].plot(g.budget, g.loss_star, "o-", color=r_color(r), label=f"r = {r}")
+        axes[2].plot(g.budget, g.tokens_per_param, "o-", color=r_color(r), label=f"paper, r = {r}")
+        if ours is not None and len(ours):
+            o = ours[(ours.r == r) & ours.inside.fillna(False).astype(bool) & ours.opens_up.fillna(False).astype(bool)]
+            if len(o):
+                axes[2].plot(o.budget, o.tokens_per_param, "s--", color=r_color(r), mfc="white",
+                             label=f"ours, r = {r}")
+    for ax in axes:
+        ax.set_xscale("log")
+        ax.set_xlabel("training budget C (FLOPs)")
+        ax.grid(alpha=0.3, which="both")
+    axes[0].set_yscale("log")
+    plain_log_axis(axes[0].yaxis)
+    axes[0].set_ylabel("N* (millions of unique params)")
+    axes[1].set_ylabel("L* (nats/token, FineWeb-Edu)")
+    axes[2].set_yscale("log")
+    plain_log_axis(axes[2].yaxis)
+    axes[2].set_ylabel("tokens per unique param at N*")
+    axes[0].legend(fontsize=8)
+    axes[2].legend(fontsize=LEGEND_FONTSIZE, ncol=2, loc="upper right")
+    return axes
+
+
+def plot_run_costs(table, axes=None):
+    """Wall seconds per finished run against its optimizer steps (left, one colour per budget)
+    and the model FLOP/s it achieved against its width (right, one colour per r)."""
+    import matplotlib.pyplot as plt
+    if axes is None:
+        _, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    ok = table[(table.status == "ok") & table.wall_seconds.notna()]
+    colors = budget_colors(table.budget.unique())
+    for budget, color in colors.items():
+        g = ok[ok.budget == budget]
+        if len(g):
+            axes[0].scatter(g.steps, g.wall_seconds, color=color, s=22, label=f"C = {budget:.3g}")
+    for r in R_VALUES:
+        g = ok[ok.r == r]
+        if len(g):
+            axes[1].scatter(g.d_model, g.tokens_per_s * g.flops_per_token / 1e9, color=r_color(r), s=22,
+                            label=f"r = {r}")
+    axes[0].set_xlabel("optimizer steps")
+    axes[0].set_ylabel("wall time per run (s)")
+    axes[1].set_xlabel("d_model")
+    axes[1].set_ylabel("model FLOP/s achieved (GFLOP/s)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    return axes
+
+
+def _scatter_by_r_and_budget(ax, runs, x, y, marks):
+    """One point per run: colour is r, marker is the budget; plus legend-only handles."""
+    import numpy as np
+    for r in sorted(runs["r"].unique()):
+        for b, m in marks.items():
+            sel = (runs["r"].to_numpy() == r) & np.isclose(runs["budget"].to_numpy(float), b)
+            if sel.any():
+                ax.scatter(np.asarray(x)[sel], np.asarray(y)[sel], color=r_color(r),
+                           marker=m, s=30, edgecolor="white", lw=0.4, zorder=3)
+    for r in sorted(runs["r"].unique()):
+        ax.scatter([], [], color=r_color(r), marker="o", label=f"r = {int(r)}")
+    for b, m in marks.items():
+        ax.scatter([], [], color="0.4", marker=m, label=f"C = {b:.2g} FLOPs")
+
+
+def plot_residuals(ax, res, runs, title: str | None = None):
+    """Residuals of a fitted law against unique non-embedding parameters N (log axis): colour is
+    r, marker is the training budget; the grey band is +-1 RMSE of all runs."""
+    import numpy as np
+    from .law import residuals
+    resid = residuals(res, runs)
+    n = (runs["n_once"] + runs["n_rec"]).to_numpy(float)
+    marks = budget_markers(runs["budget"])
+    rmse = float(np.sqrt(np.mean(resid ** 2)))
+    ax.axhspan(-rmse, rmse, color="0.85", alpha=0.6, lw=0, label=f"+-RMSE ({rmse:.3f} nats)")
+    ax.axhline(0, color="0.3", lw=0.8)
+    _scatter_by_r_and_budget(ax, runs, n, resid, marks)
+    ax.set_xscale("log")
+    ax.set_xlabel("unique non-embedding parameters N")
+    ax.set_ylabel("observed - predicted loss (nats)")
+    ax.legend(fontsize=LEGEND_FONTSIZE, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.16))
+    if title:
+        ax.set_title(title, fontsize=10)
+    return ax
+
+
+def plot_predicted_vs_observed(ax, res, runs, title: str | None = None):
+    """Observed final loss against the fitted law's prediction for every run (colour r, marker
+    budget), with the identity line."""
+    from .law import predict
+    pred = predict(res, runs["n_once"], runs["n_rec"], runs["r"], runs["tokens"])
+    obs = runs["loss"].to_numpy(float)
+    marks = budget_markers(runs["budget"])
+    lo, hi = float(min(pred.min(), obs.min())), float(max(pred.max(), obs.max()))
+    pad = 0.04 * (hi - lo)
+    ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], color="0.3", lw=0.8, ls="--", label="observed = predicted")
+    _scatter_by_r_and_budget(ax, runs, pred, obs, marks)
+    ax.set_xlim(lo - pad, hi + pad)
+    ax.set_ylim(lo - pad, hi + pad)
+    ax.set_aspect("equal")
+    ax.set_xlabel("predicted loss (nats/token)")
+    ax.set_ylabel("observed validation loss (nats/token)")
+    ax.legend(fontsize=LEGEND_FONTSIZE, loc="upper left")
+    if title:
+        ax.set_title(title, fontsize=10)
+    return ax
+
+
+def plot_bootstrap(ax, res, param: str = "phi", paper=None, label: str = "ours"):
+    """Histogram of the bootstrap resamples of one parameter, with the point estimate and the
+    2.5/97.5 percentile band; ``paper`` = (value, lo, hi) adds the published estimate and interval."""
+    import numpy as np
+    from .solver import LAW_PARAMS
+    samples = np.asarray(res.boot_samples)[:, LAW_PARAMS.index(param)]
+    lo, hi = res.ci[param]
+    ax.hist(samples, bins=30, color=OURS_COLOR, alpha=0.55, label=f"{label}: {len(samples)} resamples")
+    ax.axvspan(lo, hi, color=OURS_COLOR, alpha=0.12, label=f"{label} 95% interval [{lo:.2f}, {hi:.2f}]")
+    ax.axvline(getattr(res, param), color=OURS_COLOR, lw=2, label=f"{label} fit {getattr(res, param):.3f}")
+    if paper is not None:
+        v, plo, phi_ = paper
+        ax.axvspan(plo, phi_, color=PAPER_COLOR, alpha=0.15, label=f"paper 95% interval [{plo}, {phi_}]")
+        ax.axvline(v, color=PAPER_COLOR, lw=2, ls="--", label=f"paper {v}")
+    ax.set_xlabel(f"bootstrap estimate of {_SYMBOLS.get(param, param)}")
+    ax.set_ylabel("resamples")
+    ax.legend(fontsize=LEGEND_FONTSIZE)
+    return ax
+
+
+def plot_minima_laws(axes, minima_runs, laws: dict, budgets=None):
+    """Two views of laws fitted to (or compared on) the published compute-optimal minima.
+
+    Left: the published L* per budget and r (points) and each law's prediction at the same
+    (N*, D*) (lines).  Right: each law's compute-optimal loss of the plain model (r = 1, paper
+    widths, `looped.law.compute_optimal`) extrapolated over ``budgets``; the shaded span is the
+    range of budgets the paper trained.  ``laws`` maps a label to a FitResult."""
+    import numpy as np
+    from .law import compute_optimal, predict
+    left, right = axes
+    styles = ["-", "--", ":", "-."]
+    for r in sorted(minima_runs["r"].unique()):
+        g = minima_runs[minima_runs["r"] == r].sort_values("budget")
+        left.scatter(g["budget"], g["loss"], color=r_color(r), s=30, zorder=3)
+        for (label, law), ls in zip(laws.items(), styles):
+            left.plot(g["budget"], predict(law, g["n_once"], g["n_rec"], g["r"], g["tokens"]),
+                      color=r_color(r), ls=ls, lw=1.2)
+    for r in sorted(minima_runs["r"].unique()):
+        left.scatter([], [], color=r_color(r), label=f"published L*, r = {int(r)}")
+    for (label, _), ls in zip(laws.items(), styles):
+        left.plot([], [], color="0.3", ls=ls, label=label)
+    left.set_xscale("log")
+    left.set_xlabel("training budget C (FLOPs)")
+    left.set_ylabel("loss at the iso-FLOP minimum (nats/token)")
+    left.legend(fontsize=LEGEND_FONTSIZE)
+    budgets = np.logspace(17.5, 23, 23) if budgets is None else np.asarray(budgets, float)
+    cmin, cmax = float(minima_runs["budget"].min()), float(minima_runs["budget"].max())
+    right.axvspan(cmin, cmax, color="0.9", label="budgets of the paper's sweep")
+    for (label, law), ls in zip(laws.items(), styles):
+        co = compute_optimal(law, r=(1,), budgets=budgets, s_grid=np.arange(2, 400, 1.0))
+        right.plot(co["budget"], co["loss_star"], color="0.2", ls=ls, label=f"{label} (E = {law.E:.2f})")
+    right.set_xscale("log")
+    right.set_xlabel("training budget C (FLOPs)")
+    right.set_ylabel("compute-optimal loss, r = 1 (nats/token)")
+    right.legend(fontsize=LEGEND_FONTSIZE)
+    return axes
+
+
+def plot_case_study_isoflop(axes, baseline_runs, variant_runs, label: str, r_values=(2, 4, 8),
+                            baseline_label: str = "linear injection, full backprop"):
+    """Iso-FLOP curves, one panel per r: final loss against unique non-embedding parameters for
+    every budget, the case study (solid, filled) beside the baseline runs (dashed, open)."""
+    import numpy as np
+    budgets = sorted(set(baseline_runs["budget"].astype(float)) | set(variant_runs["budget"].astype(float)))
+    colors = budget_colors(budgets)
+    axes = np.atleast_1d(axes)
+    for ax, r in zip(axes, r_values):
+        for c in budgets:
+            for df, ls, fill, tag in ((baseline_runs, "--", "none", baseline_label), (variant_runs, "-", None, label)):
+                g = df[(df["r"].astype(float) == r) & np.isclose(df["budget"].astype(float), c)]
+                if not len(g):
+                    continue
+                g = g.assign(n=g["n_once"] + g["n_rec"]).sort_values("n")
+                ax.plot(g["n"], g["loss"], ls=ls, marker="o", ms=5, color=colors[c],
+                        mfc=colors[c] if fill is None else fill)
+        ax.set_xscale("log")
+        ax.set_title(f"r = {r}")
+        ax.set_xlabel("unique non-embedding parameters N")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("final validation loss (nats/token)")
+    handles = [axes[0].plot([], [], color=colors[c], marker="o", ls="-")[0] for c in budgets]
+    labels = [f"C = {c:.3g} FLOPs" for c in budgets]
+    handles += [axes[0].plot([], [], color="0.3", marker="o", ls="-")[0],
+                axes[0].plot([], [], color="0.3", marker="o", mfc="none", ls="--")[0]]
+    labels += [label, baseline_label]
+    axes[-1].legend(handles, labels, fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    return axes
+
+
+def plot_phi_comparison(ax, cs, paper_baseline: float, paper_variant: float):
+    """phi of a case study (`looped.case_studies.CaseStudy`) and of its baseline, with bootstrap intervals
+    where there are any, beside the paper's two values (Table 3)."""
+    import numpy as np
+    labels = ["baseline", cs.name]
+    x = np.arange(2)
+    ax.scatter(x + 0.12, [paper_baseline, paper_variant], marker="s", s=50, color=PAPER_COLOR,
+               label="paper (Table 3)", zorder=3)
+    fits = [(i, res) for i, res in enumerate((cs.baseline, cs.variant)) if res is not None and res.phi is not None]
+    if fits:
+        xs = [i - 0.12 for i, _ in fits]
+        vals = [res.phi for _, res in fits]
+        lo = [res.ci.get("phi", (res.phi, res.phi))[0] for _, res in fits]
+        hi = [res.ci.get("phi", (res.phi, res.phi))[1] for _, res in fits]
+        ax.errorbar(xs, vals, yerr=[np.subtract(vals, lo), np.subtract(hi, vals)], fmt="o", color=OURS_COLOR,
+                    capsize=4, label="ours (95% bootstrap interval)", zorder=3)
+    for i in sorted({0, 1} - {i for i, _ in fits}):
+        ax.annotate("ours: not fitted\n(too few runs)", (i, paper_variant if i else paper_baseline),
+                    xytext=(0, -28), textcoords="offset points", ha="center", fontsize=8, color="0.4")
+    ax.set_xticks(x, labels)
+    ax.set_xlim(-0.6, 1.6)
+    ax.set_ylabel(r"fitted $\varphi$")
+    ax.grid(alpha=0.3, axis="y")
+    ax.xaxis.grid(False)
+    ax.legend(fontsize=8, loc="best")
+    return ax
+
+
+def plot_effective_size_vs_phi(ax=None, preset: str = "paper", s: float = 32, r_values=(2, 4, 8),
+                               phi: float = PAPER_PHI, phi_ci=PAPER_PHI_CI, marks=None):
+    """Loss-equivalent size of the r-loop sibling vs phi (solid), with its unique size (dashed)
+    and compute-equivalent size (dotted), all relative to the plain model of the same width.
+    `marks` maps labels to phi values drawn as thin vertical lines (e.g. the case studies)."""
+    import matplotlib.pyplot as plt
+    from .law import effective_size_vs_phi
+    df = effective_size_vs_phi(preset, s=s, r_values=r_values)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.5, 4.2))
+    ax.axvspan(*phi_ci, color="0.85", alpha=0.6, lw=0, label=f"95% CI of φ [{phi_ci[0]}, {phi_ci[1]}]")
+    ax.axvline(phi, color="0.3", lw=1.0, label=f"φ = {phi:g}")
+    for label, value in (marks or {}).items():
+        ax.axvline(value, color="0.55", lw=0.8, ls=(0, (1, 2)))
+        ax.text(value, 0.04, f" {label}", rotation=90, fontsize=LEGEND_FONTSIZE, color="0.35", va="bottom", ha="right")
+    for r in r_values:
+        g = df[df.r == r]
+        c = r_color(r)
+        ax.plot(g.phi, g.loss_equivalent, color=c, lw=2, label=f"r = {r}: loss-equivalent $N_{{once}} + r^φ N_{{rec}}$")
+        ax.plot(g.phi, g.unique, color=c, lw=1.2, ls="--")
+        ax.plot(g.phi, g.compute_equivalent, color=c, lw=1.2, ls=":")
+    ax.plot([], [], color="0.4", ls="--", lw=1.2, label="unique N (any φ)")
+    ax.plot([], [], color="0.4", ls=":", lw=1.2, label="compute-equivalent N (any φ)")
+    ax.axhline(1.0, color="0.2", lw=0.6)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1.2)
+    ax.set_xlabel("φ (r passes of the shared block count as $r^φ$ copies)")
+    ax.set_ylabel("size / unique N of the plain model")
+    ax.legend(fontsize=LEGEND_FONTSIZE, loc="upper left", ncol=1, framealpha=0.9)
+    ax.grid(alpha=0.3)
+    return ax
+
+
+def plot_compute_optimal(axes, frontier, minima=None, paper_gaps=None, budget_range=None):
+    """Four panels on `axes` (2 x 2): N*(C), D*(C), L*(C) and the loss gap to r = 1, the law's
+    continuous frontier as lines (one per r), the published per-cell minima as markers,
+    the paper's reported gap ranges as bands, and the paper's budget range shaded."""
+    from .law import frontier_gaps
+    fr = frontier_gaps(frontier)
+    axes = list(getattr(axes, "flat", axes))
+    cols = [("n_star", "unique non-embedding params N*"), ("tokens_star", "training tokens D*"),
+            ("loss_star", "loss L* (nats/token)"), ("gap", "L*(r) - L*(r = 1) (nats/token)")]
+    pub = {"n_star": "n_star", "tokens_star": "tokens_star", "loss_star": "loss_star_nats", "gap": "gap"}
+    for ax, (col, label) in zip(axes, cols):
+        if budget_range is not None:
+            ax.axvspan(*budget_range, color="0.92", lw=0, zorder=0)
+        for r, g in fr.groupby("r"):
+            if col == "gap" and r == 1:
+                continue
+            c = r_color(r)
+            ax.plot(g.budget, g[col], color=c, lw=1.8, label=f"r = {r} (law)")
+            if minima is not None:
+                m = minima[minima.r == r]
+                ax.plot(m.budget, m[pub[col]], "o", color=c, ms=5, mfc="white", mew=1.4,
+                        label=f"r = {r} (paper minima)")
+        if col == "gap" and paper_gaps:
+            lo_c, hi_c = budget_range if budget_range is not None else (fr.budget.min(), fr.budget.max())
+            for r, (lo, hi) in paper_gaps.items():
+                ax.fill_between([lo_c, hi_c], lo, hi, color=r_color(r), alpha=0.15, lw=0)
+            ax.fill_between([], [], [], color="0.5", alpha=0.3, label="paper's reported ranges")
+        ax.set_xscale("log")
+        if col in ("n_star", "tokens_star"):
+            ax.set_yscale("log")
+        ax.set_xlabel("training compute C (FLOPs)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3, which="both")
+    axes[0].legend(fontsize=LEGEND_FONTSIZE, ncol=2, loc="upper left")
+    axes[3].legend(fontsize=LEGEND_FONTSIZE, loc="upper right")
+    return axes

@@ -1,0 +1,262 @@
+"""Tables for the book: numbers formatted for reading, as text or as HTML.
+
+`html_table` renders a DataFrame as an HTML table (pandas Styler) with readable headers,
+grouped "ours | paper" columns and a number format per column; `format_table` prints the same
+precisions as text; `params_comparison` lays a fit beside published values.
+"""
+from __future__ import annotations
+
+import math
+
+from .solver import LAW_PARAMS
+
+
+def eng(x: float, digits: int = 3) -> str:
+    """A count in engineering notation for tables: 1370000 -> '1.37M'."""
+    if x is None or x != x:
+        return "-"
+    for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= div:
+            return f"{x / div:.{digits}g}{suffix}"
+    return f"{x:.{digits}g}"
+
+
+def short_number(v: float) -> str:
+    """3 significant digits without an exponent below 10^5: 4.72, 58.1, 1240."""
+    return f"{v:.3g}" if v < 100 else f"{v:.0f}"
+
+
+def span(values, fmt=eng) -> str:
+    """'lo-hi' of a column (one value if they coincide)."""
+    lo, hi = min(values), max(values)
+    return fmt(lo) if fmt(lo) == fmt(hi) else f"{fmt(lo)}-{fmt(hi)}"
+
+
+def cell_text(col: str, v) -> str:
+    """The printed precision of one table cell, chosen by its column name (stable across machines:
+    the weakly identified A and B get three significant digits, exponents, E and phi three
+    decimals, R^2 four)."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if isinstance(v, str):
+        return v
+    if isinstance(v, (bool,)):
+        return str(v)
+    base = col.split("_lo")[0].split("_hi")[0].split(" ")[0]
+    if base in ("A", "B"):
+        return f"{float(v):.3g}"
+    if base in ("r2", "R^2", "R2"):
+        return f"{float(v):.4f}"
+    if base in ("huber", "huber_x1e5"):
+        return f"{float(v):.3g}"
+    if base in ("n_runs", "n", "r", "runs", "cells", "pairs"):
+        return f"{int(v)}"
+    if base in ("budget", "budgets"):
+        return f"{float(v):.3g}"
+    return f"{float(v):.3f}"
+
+
+def law_row(res, ci: bool = True) -> dict:
+    """One fitted law as a flat dict: the six parameters, R^2, the Huber sum, the number of runs
+    and, with ``ci``, the bootstrap percentiles as ``<param>_lo`` / ``<param>_hi`` (NaN where
+    there are none).  A parameter that was held fixed is reported at its fixed value."""
+    nan = float("nan")
+    out = {}
+    for p in LAW_PARAMS:
+        v = getattr(res, p)
+        out[p] = nan if v is None else float(v)
+    out.update(r2=float(res.r2), huber=float(res.huber), n_runs=int(res.n_runs))
+    if ci:
+        for p in LAW_PARAMS:
+            lo, hi = res.ci.get(p, (nan, nan))
+            out[f"{p}_lo"], out[f"{p}_hi"] = float(lo), float(hi)
+    return out
+
+
+def format_table(df, index: bool = True) -> str:
+    """A table as text with the precision of `cell_text` per column (a column's name, or the last
+    level of a two-level name, picks the format).  Missing values print as ``-``."""
+    import pandas as pd
+    out = pd.DataFrame(index=df.index)
+    for col in df.columns:
+        name = col[-1] if isinstance(col, tuple) else col
+        out[col] = [cell_text(str(name), v) for v in df[col]]
+    if isinstance(df.columns, pd.MultiIndex):
+        out.columns = pd.MultiIndex.from_tuples(list(df.columns))
+    return out.to_string(index=index)
+
+
+def format_params(df) -> str:
+    """Text of a `params_comparison` table, each row printed with its parameter's precision."""
+    lines = []
+    width = max(len(c) for c in df.columns)
+    width = max(width, 9)
+    lines.append(f"{'param':<6}" + "".join(f" {c:>{width}}" for c in df.columns))
+    for p, row in df.iterrows():
+        lines.append(f"{p:<6}" + "".join(f" {cell_text(p if p != 'R^2' else 'r2', v):>{width}}" for v in row))
+    return "\n".join(lines)
+
+
+def side_by_side(ours, paper, keys=("ours", "paper")):
+    """Two tables with the same row index next to each other under a top column level
+    ``ours | paper``; rows present in only one of them are kept (missing cells are NaN)."""
+    import pandas as pd
+    return pd.concat([ours, paper], axis=1, keys=list(keys))
+
+
+def params_comparison(res, paper: dict, paper_ci: dict | None = None, ci: bool = True):
+    """Parameter-by-parameter table of a fit against published values.
+
+    Rows A, alpha, B, beta, E, phi and R^2; columns ``ours`` (with ``2.5%`` / ``97.5%`` bootstrap
+    percentiles when ``ci``) and ``paper`` (with the paper's interval where it gives one,
+    ``paper_ci`` = {param: (lo, hi)})."""
+    import pandas as pd
+    nan = float("nan")
+    row = law_row(res)
+    rows = []
+    for p in LAW_PARAMS + ("R^2",):
+        key = "r2" if p == "R^2" else p
+        r = {"ours": row[key]}
+        if ci:
+            r["2.5%"] = row.get(f"{key}_lo", nan)
+            r["97.5%"] = row.get(f"{key}_hi", nan)
+        r["paper"] = paper.get(key, nan)
+        lo, hi = (paper_ci or {}).get(key, (nan, nan))
+        r["paper 2.5%"], r["paper 97.5%"] = lo, hi
+        rows.append(r)
+    df = pd.DataFrame(rows, index=list(LAW_PARAMS) + ["R^2"])
+    df.index.name = "param"
+    return df
+
+
+def iso_flop_display(cells):
+    """``iso_flop_cells`` rounded for printing: runs finished/planned, the best run's width, the
+    vertex (N*, L*, tokens per param) of the cells that bracket their minimum, and the flag."""
+    import pandas as pd
+    rows = []
+    for c in cells.itertuples():
+        fitted = bool(c.fitted)
+        vertex = fitted and bool(c.opens_up) and bool(c.inside)
+        rows.append({
+            "budget": f"{c.budget:.3g}", "r": c.r, "runs": f"{c.finished}/{c.planned}",
+            "best s": "-" if c.finished == 0 else f"{c.best_s:g}",
+            "best run at": c.best_at if isinstance(c.best_at, str) else "-",
+            "N*": eng(c.n_star) if vertex else "-",
+            "L*": f"{c.loss_star:.3f}" if vertex else "-",
+            "D*/N*": short_number(c.tokens_per_param) if vertex else "-",
+            "bracketed": ("yes" if (c.inside and c.opens_up) else "no") if fitted else "skipped (< 3 runs)",
+        })
+    return pd.DataFrame(rows)
+
+
+# ------------------------------------------------------------------------------- HTML tables
+
+HEADERS = {  # readable names of the column names used across the package
+    "budget": "budget C (FLOPs)", "r": "r", "s": "s", "d_model": "d", "n": "N", "n_once": "N_once",
+    "n_rec": "N_rec", "n_eff": "N_eff", "n_star": "N*", "loss_star": "L*", "tokens": "D", "tokens_star": "D*",
+    "tokens_per_param": "D/N", "loss": "loss (nats)", "r2": "R²", "phi": "φ", "alpha": "α", "beta": "β",
+    "n_runs": "runs", "flops_per_token": "FLOPs/token", "mean_gap": "mean gap", "delta": "Δ loss (nats)",
+}
+_SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def power_of_ten(v: float, digits: int = 3) -> str:
+    """A number as mantissa x 10^k with a superscript exponent: 3e10 -> '3×10¹⁰', 2.15e19 -> '2.15×10¹⁹'."""
+    if v == 0:
+        return "0"
+    k = math.floor(math.log10(abs(v)))
+    m = float(f"{v / 10 ** k:.{digits}g}")
+    if abs(m) >= 10:
+        m, k = m / 10, k + 1
+    mant = f"{m:g}"
+    return (f"{mant}×" if mant != "1" else "") + "10" + str(k).translate(_SUPERSCRIPT)
+
+
+def number_text(v, column: str = "") -> str:
+    """One cell for an HTML table: '-' for missing, yes/no for booleans, budgets and FLOPs as powers
+    of ten, whole numbers with thousands separators (47,517,696), the law's parameters with the
+    precision of `cell_text`, other numbers to four significant digits without an exponent
+    between 1e-3 and 1e6."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if isinstance(v, (bool,)) or type(v).__name__ == "bool_":
+        return "yes" if v else "no"
+    if isinstance(v, str):
+        return v
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return str(v)
+    name = str(column[-1] if isinstance(column, tuple) else column)
+    base = name.split("_lo")[0].split("_hi")[0]
+    if "budget" in name or name.startswith("flops") or name.endswith("flops"):
+        return power_of_ten(x, 4)
+    if base in LAW_PARAMS or base in ("r2", "R^2", "huber"):
+        return cell_text(base, x)
+    if x.is_integer() and abs(x) < 1e15:
+        return f"{int(x):,}"
+    if abs(x) >= 1e6 or abs(x) < 1e-3:
+        return power_of_ten(x, 4)
+    return f"{x:.4g}"
+
+
+def group_pairs(df, suffixes=("ours", "paper")):
+    """Columns named ``<quantity>_<suffix>`` (e.g. ``params_M_ours``, ``params_M_paper``) under a
+    two-level header: the quantity on top, ``ours | paper`` below; other columns keep their name
+    on top and an empty second level."""
+    import pandas as pd
+    cols = []
+    for c in df.columns:
+        top, sub = str(c), ""
+        for suf in suffixes:
+            if str(c).endswith("_" + suf):
+                top, sub = str(c)[: -len(suf) - 1], suf
+        cols.append((top, sub))
+    out = df.copy()
+    out.columns = pd.MultiIndex.from_tuples(cols)
+    return out
+
+
+def html_table(df, headers: dict | None = None, caption: str | None = None, index: bool | None = None,
+               formats: dict | None = None, pairs: bool = False):
+    """A DataFrame as a readable HTML table (a pandas Styler: Jupyter and the book render it).
+
+    Column names are replaced by ``headers`` (then `HEADERS`, then underscores become spaces);
+    two-level columns (e.g. from `side_by_side`, or ``pairs=True`` for ``x_ours`` / ``x_paper``
+    columns, see `group_pairs`) are shown as grouped headers.  Every cell is formatted by
+    `number_text` unless ``formats`` gives a format string or function for its column.  The
+    index is shown unless it is a plain 0..n-1 range (``index`` overrides)."""
+    import pandas as pd
+    names = {**HEADERS, **(headers or {})}
+    table = group_pairs(df) if pairs else df.copy()
+    formats = formats or {}
+    fmt = {}
+    for col in table.columns:
+        key = col if col in formats else (col[-1] if isinstance(col, tuple) and col[-1] in formats else None)
+        f = formats.get(key) if key is not None else None
+        fmt[col] = (f.format if isinstance(f, str) else f) or (lambda v, c=col: number_text(v, c))
+
+    def readable(c):
+        return names.get(c, str(c).replace("_", " ")) if c != "" else ""
+
+    if isinstance(table.columns, pd.MultiIndex):
+        new = pd.MultiIndex.from_tuples([tuple(readable(x) for x in c) for c in table.columns])
+        fmt = {tuple(readable(x) for x in c): fmt[c] for c in table.columns}
+    else:
+        new = [readable(c) for c in table.columns]
+        fmt = {readable(c): fmt[c] for c in table.columns}
+    table.columns = new
+    if table.index.name in names:
+        table.index.name = names[table.index.name]
+    styler = table.style.format(fmt)
+    plain_index = isinstance(df.index, pd.RangeIndex) and df.index.start == 0 and df.index.step == 1
+    if index is False or (index is None and plain_index):
+        styler = styler.hide(axis="index")
+    if caption:
+        styler = styler.set_caption(caption)
+    return styler.set_table_styles([
+        {"selector": "", "props": "border-collapse: collapse; font-size: 0.85em; margin: 0.5em 0;"},
+        {"selector": "th", "props": "text-align: center; padding: 0.25em 0.6em; border-bottom: 1px solid #999;"},
+        {"selector": "td", "props": "text-align: right; padding: 0.2em 0.6em; font-variant-numeric: tabular-nums;"},
+        {"selector": "caption", "props": "caption-side: top; text-align: left; font-weight: bold;"},
+    ])
