@@ -9,22 +9,35 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
+
+
+PATHS = ("eager", "fast")
 
 
 def measure_train(preset: str = "cpu", sizes=(6, 32, 64), r_values=(1, 4), steps: int = 5,
-                  peak_size: int = 1024):
+                  peak_size: int = 1024, paths=PATHS, warmup: int = 2):
     """Time real training steps (forward, backward, MuonH + AdamW) on random tokens.
 
-    Returns (rows, peak): one dict per (s, r) with tokens/s, the model FLOP/s the accounting
-    credits and MFU against `peak`, a square-matmul FLOP/s measured in the same process.
+    Each (s, r) is timed on every path of `paths`: "eager" is the reference step (no compile,
+    MuonH matrix by matrix, one-tensor-at-a-time AdamW), "fast" the trainer's default (the
+    model compiled by `train.fast_model`, MuonH batched by shape, foreach AdamW).  Both start
+    from the same weights and tokens.  `warmup` untimed steps come first (the fast path's
+    first one compiles; its duration is reported as `warmup_s`).
+
+    Returns (rows, peak): one dict per (s, r, path) with ms/step, tokens/s, the model FLOP/s the
+    accounting credits and MFU against `peak`, a square-matmul FLOP/s measured in this process.
     """
     import torch
 
     from . import accounting, optim
     from .config import get_preset, model_config
     from .model import LoopedGPT
-    from .train import matmul_peak
+    from .train import fast_model, matmul_peak
 
+    unknown = set(paths) - set(PATHS)
+    if unknown:
+        raise ValueError(f"unknown path(s) {', '.join(sorted(unknown))}; choose from {', '.join(PATHS)}")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     p = get_preset(preset)
@@ -34,60 +47,90 @@ def measure_train(preset: str = "cpu", sizes=(6, 32, 64), r_values=(1, 4), steps
     B = p.batch_tokens // p.seq_len
     rows = []
     for cfg in configs:
-        torch.manual_seed(0)
-        model = LoopedGPT(cfg).to(device)
-        opts = optim.build_optimizers(model, cfg, p.batch_tokens, 10 * p.batch_tokens)
-        x = torch.randint(0, cfg.vocab_size, (B, cfg.seq_len + 1), device=device)
-
-        def step():
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-                loss = model(x[:, :-1], x[:, 1:])
-            loss.backward()
-            for o in opts:
-                o.step()
-                o.zero_grad(set_to_none=True)
-
-        step()
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            step()
-        sync()
-        tok_s = steps * p.batch_tokens / (time.perf_counter() - t0)
         f = accounting.flops_per_token(cfg)
-        rows.append({"s": cfg.s, "r": cfg.r, "d_model": cfg.d_model, "n": accounting.n_params(cfg),
-                     "flops_per_token": f, "tokens_per_s": tok_s, "gflops_per_s": tok_s * f / 1e9,
-                     "mfu": tok_s * f / peak})
+        for path in paths:
+            fast = path == "fast"
+            torch.manual_seed(0)
+            raw = LoopedGPT(cfg).to(device)
+            model = fast_model(raw) if fast else raw
+            opts = optim.build_optimizers(raw, cfg, p.batch_tokens, 10 * p.batch_tokens, fast=fast)
+            x = torch.randint(0, cfg.vocab_size, (B, cfg.seq_len + 1), device=device)
+
+            def step():
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+                    loss = model(x[:, :-1], x[:, 1:])
+                loss.backward()
+                for o in opts:
+                    o.step()
+                    o.zero_grad(set_to_none=True)
+                return loss.item()  # the trainer's one host sync per step
+
+            t0 = time.perf_counter()
+            for _ in range(warmup):
+                step()
+            sync()
+            warm = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                step()
+            sync()
+            seconds = (time.perf_counter() - t0) / steps
+            tok_s = p.batch_tokens / seconds
+            rows.append({"s": cfg.s, "r": cfg.r, "d_model": cfg.d_model, "path": path,
+                         "n": accounting.n_params(cfg), "flops_per_token": f, "ms_per_step": seconds * 1e3,
+                         "tokens_per_s": tok_s, "gflops_per_s": tok_s * f / 1e9, "mfu": tok_s * f / peak,
+                         "warmup_s": warm})
     return rows, peak
 
 
+def speedups(rows) -> dict[tuple[float, int], float]:
+    """Fast / eager steps per second for every (s, r) that was timed on both paths."""
+    ms = {(x["s"], x["r"], x["path"]): x["ms_per_step"] for x in rows}
+    return {(s, r): ms[s, r, "eager"] / ms[s, r, "fast"] for (s, r, path) in ms
+            if path == "fast" and (s, r, "eager") in ms}
+
+
 def bench_train(argv) -> int:
+
     import torch
 
     from .config import ConfigError
 
     ap = argparse.ArgumentParser(prog="looped bench train")
     ap.add_argument("--preset", default="cpu")
-    ap.add_argument("--sizes", default="6,32,64", help="comma-separated widths s (cpu preset: d = 4 s)")
+    ap.add_argument("--sizes", default="4,6,8,16,32",
+                    help="comma-separated widths s (default: d = 16-128 on the cpu preset)")
     ap.add_argument("--r", default="1,4", help="comma-separated recurrences")
-    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=10, help="timed steps per (s, r, path)")
+    ap.add_argument("--paths", default="eager,fast", help="eager, fast or both")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     ap.add_argument("--peak-size", type=int, default=1024, help="square matmul size for the peak")
+    ap.add_argument("--json", default=None, help="also write the rows and the peak to this file")
     a = ap.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
     try:
         rows, peak = measure_train(a.preset, [float(s) for s in a.sizes.split(",")],
-                                   [int(r) for r in a.r.split(",")], a.steps, a.peak_size)
+                                   [int(r) for r in a.r.split(",")], a.steps, a.peak_size,
+                                   paths=tuple(a.paths.split(",")))
     except (ConfigError, ValueError) as e:
         print(f"looped bench train: error: {e}", file=sys.stderr)
         return 2
     kind = "cuda bf16" if torch.cuda.is_available() else "cpu fp32"
     print(f"{kind}, {torch.get_num_threads()} threads; matmul peak ({a.peak_size}^3): {peak / 1e9:.1f} GFLOP/s")
-    print(f"{'s':>4} {'r':>2} {'d':>5} {'N':>10} {'F/token':>10} {'tokens/s':>10} {'GFLOP/s':>8} {'MFU':>6}")
+    print(f"{'s':>4} {'r':>2} {'d':>5} {'path':>6} {'ms/step':>8} {'tokens/s':>10} {'GFLOP/s':>8} {'MFU':>6} {'warm-up':>8}")
     for x in rows:
-        print(f"{x['s']:>4g} {x['r']:>2} {x['d_model']:>5} {x['n']:>10,} {x['flops_per_token']:>10.3g} "
-              f"{x['tokens_per_s']:>10,.0f} {x['gflops_per_s']:>8.2f} {x['mfu']:>6.1%}")
+        print(f"{x['s']:>4g} {x['r']:>2} {x['d_model']:>5} {x['path']:>6} {x['ms_per_step']:>8.1f} "
+              f"{x['tokens_per_s']:>10,.0f} {x['gflops_per_s']:>8.2f} {x['mfu']:>6.1%} {x['warmup_s']:>7.1f}s")
+    ratios = speedups(rows)
+    if ratios:
+        print("fast / eager steps per second: " + ", ".join(f"s={s:g} r={r}: {v:.2f}x" for (s, r), v in ratios.items()))
+    if a.json:
+        from .train import atomic_write_json
+        atomic_write_json(Path(a.json), {"preset": a.preset, "device": kind, "threads": torch.get_num_threads(),
+                                         "peak_flops": peak, "peak_size": a.peak_size, "rows": rows,
+                                         "speedups": [{"s": s, "r": r, "fast_over_eager": v}
+                                                      for (s, r), v in ratios.items()]})
     return 0
 
 

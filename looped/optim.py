@@ -34,7 +34,8 @@ GROUP_NAMES = ("matrix", "embedding", "head", "norm", "hyper")
 
 
 def polar_express(G: torch.Tensor, steps: int = 5) -> torch.Tensor:
-    """Approximate the orthogonal polar factor U V^T of a 2-D matrix G = U S V^T.
+    """Approximate the orthogonal polar factor U V^T of a matrix G = U S V^T (or of a stack
+    of equally shaped matrices, shape (n, rows, cols): one batched matmul chain for all).
 
     X = G / (1.02 ||G||_F + 1e-6) puts every singular value in (0, 1); each iteration
     X <- a X + (b A + c A^2) X with A = X X^T applies an odd polynomial to the singular
@@ -46,15 +47,15 @@ def polar_express(G: torch.Tensor, steps: int = 5) -> torch.Tensor:
     slightly more accurate, which does not matter for an approximate orthogonaliser.
     Returns a tensor in the compute dtype (bf16 on CUDA, fp32 otherwise).
     """
-    if G.ndim != 2:
-        raise ValueError(f"polar_express needs a 2-D matrix, got shape {tuple(G.shape)}")
+    if G.ndim not in (2, 3):
+        raise ValueError(f"polar_express needs a matrix or a stack of matrices, got shape {tuple(G.shape)}")
     if steps > len(POLAR_EXPRESS_COEFFS):
         raise ValueError(f"only {len(POLAR_EXPRESS_COEFFS)} Polar Express steps are defined")
     X = G.to(torch.bfloat16 if G.is_cuda else torch.float32)
-    tall = X.size(0) > X.size(1)
+    tall = X.size(-2) > X.size(-1)
     if tall:
         X = X.mT
-    X = X / (X.norm() * 1.02 + 1e-6)
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) * 1.02 + 1e-6)
     for a, b, c in POLAR_EXPRESS_COEFFS[:steps]:
         A = X @ X.mT
         X = a * X + (b * A + c * A @ A) @ X
@@ -76,10 +77,12 @@ class MuonH(torch.optim.Optimizer):
     no gradient clipping (the update's norm does not depend on the gradient's).
     """
 
-    def __init__(self, params, lr: float = MATRIX_LR, momentum: float = 0.95, ns_steps: int = 5):
+    def __init__(self, params, lr: float = MATRIX_LR, momentum: float = 0.95, ns_steps: int = 5,
+                 batched: bool = True):
         if lr < 0 or not 0 <= momentum < 1:
             raise ValueError(f"invalid lr={lr} or momentum={momentum}")
         super().__init__(params, dict(lr=lr, momentum=momentum, ns_steps=ns_steps))
+        self.batched = batched  # False: the matrix-by-matrix reference (same maths, slower)
         for group in self.param_groups:
             for p in group["params"]:
                 if p.ndim != 2:
@@ -92,21 +95,65 @@ class MuonH(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            lr, momentum = group["lr"], group["momentum"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if not state:
-                    state["momentum_buffer"] = torch.zeros_like(p)
-                    state["w0_norm"] = p.norm().item()
-                buf, w0 = state["momentum_buffer"], state["w0_norm"]
-                buf.lerp_(p.grad, 1 - momentum)
-                g = p.grad.lerp(buf, momentum)
-                X = polar_express(g, group["ns_steps"]).to(p.dtype)
-                p.sub_(X.mul_(lr * w0 / (X.norm() + 1e-12)))  # no host sync: stays on device
-                p.mul_(w0 / (p.norm() + 1e-12))
+            params = [p for p in group["params"] if p.grad is not None]
+            if params:
+                (self._step_batched if self.batched else self._step_one_by_one)(group, params)
         return loss
+
+    def _init_state(self, params):
+        fresh = [p for p in params if not self.state[p]]
+        if not fresh:
+            return
+        if self.batched:  # one host sync for all initial norms, at the first step only
+            norms = torch.stack(torch._foreach_norm(fresh)).tolist()
+        else:
+            norms = [p.norm().item() for p in fresh]
+        for p, norm in zip(fresh, norms):
+            self.state[p].update(momentum_buffer=torch.zeros_like(p), w0_norm=norm)
+
+    def _step_one_by_one(self, group, params):
+        """The reference implementation: one Polar Express chain per matrix."""
+        lr, momentum = group["lr"], group["momentum"]
+        self._init_state(params)
+        for p in params:
+            state = self.state[p]
+            buf, w0 = state["momentum_buffer"], state["w0_norm"]
+            buf.lerp_(p.grad, 1 - momentum)
+            g = p.grad.lerp(buf, momentum)
+            X = polar_express(g, group["ns_steps"]).to(p.dtype)
+            p.sub_(X.mul_(lr * w0 / (X.norm() + 1e-12)))  # no host sync: stays on device
+            p.mul_(w0 / (p.norm() + 1e-12))
+
+    def _step_batched(self, group, params):
+        """The same update with every matrix of one shape orthogonalised in one batched chain.
+
+        A step then costs a few dozen kernel launches instead of ~60 per matrix, which is what
+        made small models launch-bound.  Tall matrices are transposed so that the (d, 4d) and
+        (4d, d) MLP matrices share one stack.
+        """
+        lr, momentum = group["lr"], group["momentum"]
+        self._init_state(params)
+        bufs = [self.state[p]["momentum_buffer"] for p in params]
+        grads = [p.grad for p in params]
+        torch._foreach_lerp_(bufs, grads, 1 - momentum)
+        nesterov = torch._foreach_lerp(grads, bufs, momentum)
+        w0 = torch.tensor([self.state[p]["w0_norm"] for p in params], dtype=torch.float32,
+                          device=params[0].device)
+        by_shape: dict[tuple[int, int], list[int]] = {}
+        for i, p in enumerate(params):
+            by_shape.setdefault(tuple(sorted(p.shape)), []).append(i)
+        updates: list[torch.Tensor | None] = [None] * len(params)
+        for index in by_shape.values():
+            stack = torch.stack([nesterov[i].mT if params[i].size(0) > params[i].size(1) else nesterov[i]
+                                 for i in index])
+            X = polar_express(stack, group["ns_steps"]).float()
+            X = X * (lr * w0[index] / (X.norm(dim=(1, 2)) + 1e-12))[:, None, None]
+            for j, i in enumerate(index):
+                x = X[j].mT if params[i].size(0) > params[i].size(1) else X[j]
+                updates[i] = x.to(params[i].dtype)
+        torch._foreach_sub_(params, updates)
+        norms = torch.stack(torch._foreach_norm(params))
+        torch._foreach_mul_(params, list((w0 / (norms + 1e-12)).unbind(0)))
 
 
 def param_groups(model: nn.Module) -> dict[str, list[nn.Parameter]]:
@@ -164,22 +211,24 @@ def learning_rates(cfg: ModelConfig, batch_tokens: int, tokens: int) -> dict[str
 
 
 def build_optimizers(model: nn.Module, cfg: ModelConfig, batch_tokens: int,
-                     tokens: int) -> list[torch.optim.Optimizer]:
+                     tokens: int, fast: bool = True) -> list[torch.optim.Optimizer]:
     """[MuonH over the matrices, AdamW over everything else], one named group per key.
 
     Each group carries 'name' and 'initial_lr' (the peak LR that `set_lr` scales).  Empty
     groups (e.g. 'hyper' without hyperconnections) are omitted.  AdamW uses the fused CUDA
-    kernel when every parameter is on CUDA, and torch's default implementation otherwise.
+    kernel when every parameter is on CUDA.  Elsewhere `fast` selects the multi-tensor
+    (foreach) AdamW and the shape-batched MuonH; `fast=False` is the one-tensor-at-a-time
+    reference step (same maths, many more kernel launches).
     """
     groups, lrs = param_groups(model), learning_rates(cfg, batch_tokens, tokens)
     optimizers: list[torch.optim.Optimizer] = []
     if groups["matrix"]:
         optimizers.append(MuonH([dict(params=groups["matrix"], lr=lrs["matrix"],
-                                      initial_lr=lrs["matrix"], name="matrix")]))
+                                      initial_lr=lrs["matrix"], name="matrix")], batched=fast))
     adam = [dict(params=groups[k], lr=lrs[k], initial_lr=lrs[k], name=k)
             for k in GROUP_NAMES if k != "matrix" and groups[k]]
     if adam:
-        fused = {"fused": True} if all(p.is_cuda for g in adam for p in g["params"]) else {}
+        fused = {"fused": True} if all(p.is_cuda for g in adam for p in g["params"]) else {"foreach": fast}
         optimizers.append(torch.optim.AdamW(adam, betas=(0.8, 0.95), eps=1e-10, weight_decay=0.0, **fused))
     return optimizers
 

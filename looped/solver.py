@@ -89,7 +89,7 @@ def objective(theta: np.ndarray, data: RunArrays, weights: np.ndarray | None = N
     Returns f (P,), and with order >= 1 the gradient (P, 6), with order 2 the Hessian (P, 6, 6).
     newton (bool or (P,) bool): the exact Hessian (Huber'' = 1 inside delta, 0 outside); where
     False, the Hessian of the IRLS majoriser instead (Huber'' replaced by the secant curvature
-    Huber'(rho)/rho = min(1, delta/|rho|)): positive far from the fit, it makes the early
+    ``Huber'(rho)/rho = min(1, delta/abs(rho))``): positive far from the fit, it makes the early
     iterations converge like Gauss-Newton on a weighted least-squares problem.
     """
     a, al, b, be, e, ph = (theta[:, i:i + 1] for i in range(6))

@@ -1,9 +1,11 @@
 """Budget-driven training of one configuration, and the run record it leaves behind.
 
 Steps come from the FLOPs budget through the accounting module, so every run of a study
-spends exactly its compute.  One code path serves the CPU (fp32), one GPU (bf16 autocast,
-optional torch.compile) and several GPUs under `torchrun` (DDP); on the CPU the same DDP
-path runs on gloo, which is how the tests check it.  Checkpoints and records are written
+spends exactly its compute.  One code path serves the CPU (fp32), one GPU (bf16 autocast)
+and several GPUs under `torchrun` (DDP); on the CPU the same DDP path runs on gloo, which is
+how the tests check it.  By default the step is the fast one on every device: the model's
+forward and backward compiled by torch.compile (inductor) and the optimizers batched over
+tensors; `compile=False` (`--no-compile`) is the plain eager reference with the same maths.  Checkpoints and records are written
 atomically, so a killed run loses at most one checkpoint interval and never a record.
 """
 from __future__ import annotations
@@ -44,7 +46,8 @@ class TrainConfig:
     budget: float | None = None       # training FLOPs; or give `steps`
     steps: int | None = None
     batch_tokens: int | None = None   # default: the preset's
-    micro_batch: int | None = None    # rows per forward pass per process (default: no accumulation)
+    micro_batch: int | None = None    # rows per forward pass per process (None: the whole batch on
+                                      # the CPU, the largest that fits on a GPU)
     seed: int = 42
     lr_scale: float = 1.0             # multiplies every learning rate (LR sweeps)
     out: str | None = None            # record path; None writes no record
@@ -55,10 +58,10 @@ class TrainConfig:
     overwrite: bool = False           # replace an existing record
     eval_tokens: int | None = None    # default: the preset's
     log_every: int = 10
-    compile: bool = False
+    compile: bool = True              # the fast path (torch.compile + batched optimizers); False: eager
     data_dir: str | None = None
     quiet: bool = False
-    peak_flops: float | None = None   # for MFU; None measures a matmul peak at start
+    peak_flops: float | None = None   # MFU denominator; None: device_peak_flops()
     stop_after: int | None = None     # stop (as if killed) after this many steps: for tests
 
     def model_config(self):
@@ -127,6 +130,35 @@ def matmul_peak(device: torch.device, dtype=torch.float32, n: int = 1024, second
     return 2 * n ** 3 * reps / (time.perf_counter() - t0)
 
 
+# Dense bf16 tensor-core peaks (vendor spec sheets, SXM parts): a measured GEMM on these
+# parts lands at 65-80% of them, and MFU conventionally divides by the spec.
+KNOWN_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "GH200": 989e12, "A100": 312e12, "L40S": 362e12}
+
+
+def device_peak_flops(device: torch.device) -> float:
+    """The MFU denominator: the spec bf16 peak of a known GPU, else a measured large matmul.
+
+    On the CPU the measurement (fp32, 1024^3, in this process and thread setting) is the
+    honest ceiling for our small models; on an unknown GPU an 8192^3 bf16 GEMM is large enough
+    to fill the device.
+    """
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for key, peak in sorted(KNOWN_PEAK_FLOPS.items(), key=lambda kv: -len(kv[0])):
+            if key in name:
+                return peak
+        return matmul_peak(device, torch.bfloat16, n=8192)
+    return matmul_peak(device, torch.float32)
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak memory of this run: allocated CUDA memory, or the process's peak resident size."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    import resource
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+
+
 class Dist:
     """torchrun's environment, or a single process."""
 
@@ -160,12 +192,33 @@ class Dist:
 
 # ----------------------------------------------------------------------------- checkpoints
 
+def fast_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The fast path's model: the fused loss tail (`model.softcap_cross_entropy`), and forward
+    and backward compiled by inductor, on the CPU as on CUDA.
+
+    The r recurrences, truncated BPTT (grad mode toggled inside the graph) and the
+    hyperconnection lanes trace into one graph with no breaks, so the loop is unrolled and the
+    elementwise work around every matmul (norms, rotary, ReLU^2, softcap, log-softmax) fuses.
+    Shapes are static (one run trains one shape); a fresh dynamo state per call keeps a long
+    sweep from reaching dynamo's recompile limit, which would silently drop later runs to eager.
+    Compiled code is still reused across runs of one shape through inductor's on-disk caches.
+    """
+    torch._dynamo.reset()
+    inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+    inner.fused_loss = True
+    return torch.compile(model, dynamic=False)
+
+
 def save_checkpoint(path: Path, model, optimizers, step: int, state: dict):
-    import io
-    buf = io.BytesIO()
-    torch.save({"model": model.state_dict(), "optimizers": [o.state_dict() for o in optimizers],
-                "step": step, "state": state}, buf)
-    atomic_write_bytes(path, buf.getvalue())
+    """Written straight to a temporary file, then renamed: no second copy in host memory."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        torch.save({"model": model.state_dict(), "optimizers": [o.state_dict() for o in optimizers],
+                    "step": step, "state": state}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def load_checkpoint(path: Path, model, optimizers, expect: dict) -> tuple[int, dict]:
@@ -224,7 +277,6 @@ def train(tc: TrainConfig) -> dict:
     if micro < 1 or rows_per_step % (micro * dd.world):
         raise ConfigError(f"{rows_per_step} rows per step do not split into {dd.world} process(es) "
                           f"x micro-batches of {micro}")
-    accum = rows_per_step // (micro * dd.world)
     record_path = Path(tc.out) if tc.out else None
     if record_path and record_path.exists() and not tc.overwrite:
         raise TrainError(f"record {record_path} exists; pass --overwrite to replace it")
@@ -241,36 +293,40 @@ def train(tc: TrainConfig) -> dict:
     torch.manual_seed(tc.seed)
     raw = LoopedGPT(cfg).to(dd.device)
     tokens_total = steps * batch_tokens
-    optimizers = optim.build_optimizers(raw, cfg, batch_tokens, tokens_total)
+    optimizers = optim.build_optimizers(raw, cfg, batch_tokens, tokens_total, fast=tc.compile)
     if tc.lr_scale != 1.0:
         for o in optimizers:
             for g in o.param_groups:
                 g["initial_lr"] *= tc.lr_scale
     model = raw
     if dd.world > 1:
-        model = torch.nn.parallel.DistributedDataParallel(raw, device_ids=[dd.local_rank] if dd.device.type == "cuda" else None)
-    if tc.compile and dd.device.type == "cuda":
-        model = torch.compile(model)
+        model = torch.nn.parallel.DistributedDataParallel(
+            raw, device_ids=[dd.local_rank] if dd.device.type == "cuda" else None,
+            gradient_as_bucket_view=True, broadcast_buffers=False)
+    if tc.compile:
+        model = fast_model(model)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if dd.device.type == "cuda" \
         else torch.autocast("cpu", enabled=False)
 
+    # The micro-batch is not part of a run's identity: it changes only the summation order,
+    # so a run may resume on another GPU with another micro-batch.
     identity = {"model": cfg.to_dict(), "steps": steps, "batch_tokens": batch_tokens, "seed": tc.seed,
-                "lr_scale": tc.lr_scale, "world": dd.world, "micro_batch": micro}
-    start, state = 0, {"curve": [], "train_seconds": 0.0, "run": identity}
+                "lr_scale": tc.lr_scale}
+    start, state = 0, {"curve": [], "train_seconds": 0.0, "steady": [0, 0.0], "first_step_seconds": None,
+                       "run": identity}
     if ckpt_path and tc.resume and ckpt_path.exists():
         start, state = load_checkpoint(ckpt_path, raw, optimizers, identity)
 
     flops_per_token = accounting.flops_per_token(cfg)
-    peak = tc.peak_flops or (matmul_peak(dd.device, torch.bfloat16 if dd.device.type == "cuda" else torch.float32)
-                             if not tc.quiet else None)
+    peak = tc.peak_flops or device_peak_flops(dd.device)
     from tqdm.auto import tqdm
     bar = tqdm(total=steps, initial=start, disable=tc.quiet or not dd.main, unit="step",
                desc=run_id(tc) if tc.budget or tc.steps else "train", dynamic_ncols=True)
-    status, step = "ok", start
-    t_seg = time.perf_counter()
-    for step in range(start, steps):
-        optim.set_lr(optimizers, optim.lr_multiplier(step, steps))
-        loss_sum = 0.0
+
+    def one_step(step: int, micro: int) -> torch.Tensor:
+        """Forward and backward over the step's rows; the summed loss stays on the device."""
+        accum = rows_per_step // (micro * dd.world)
+        loss_sum = torch.zeros((), device=dd.device)
         for a in range(accum):
             first = step * rows_per_step + (a * dd.world + dd.rank) * micro
             batch = dataset.rows("train", first, micro).to(dd.device, non_blocking=True)
@@ -278,8 +334,31 @@ def train(tc: TrainConfig) -> dict:
             with sync_ctx, autocast:
                 loss = model(batch[:, :-1], batch[:, 1:]) / accum
             loss.backward()
-            loss_sum += loss.item()
-        loss_value = dd.mean(loss_sum)
+            loss_sum += loss.detach()
+        return loss_sum
+
+    status, step = "ok", start
+    t_seg = time.perf_counter()
+    for step in range(start, steps):
+        t_step = time.perf_counter()
+        optim.set_lr(optimizers, optim.lr_multiplier(step, steps))
+        while True:
+            try:
+                loss_sum = one_step(step, micro)
+                break
+            except torch.cuda.OutOfMemoryError:
+                # an automatically chosen micro-batch that does not fit after all: halve it
+                # (only at a segment's first step, before anything was learned from it)
+                if tc.micro_batch is not None or step != start or micro == 1:
+                    raise
+                for o in optimizers:
+                    o.zero_grad(set_to_none=True)
+                torch.cuda.empty_cache()
+                micro //= 2
+        if dd.world > 1:
+            dist.all_reduce(loss_sum)
+            loss_sum /= dd.world
+        loss_value = loss_sum.item()  # the step's one host sync
         if not math.isfinite(loss_value):
             status = "diverged"
             state["curve"].append([step, None])
@@ -289,13 +368,18 @@ def train(tc: TrainConfig) -> dict:
         for o in optimizers:
             o.zero_grad(set_to_none=True)
         done = step + 1
+        now = time.perf_counter()
+        if step == start:  # compile and warm-up: kept out of the throughput figures
+            state["first_step_seconds"] = state["first_step_seconds"] or now - t_step
+        else:
+            state["steady"] = [state["steady"][0] + 1, state["steady"][1] + now - t_step]
         if step % tc.log_every == 0 or done == steps:
             state["curve"].append([step, round(loss_value, 5)])
-        elapsed = state["train_seconds"] + time.perf_counter() - t_seg
-        tok_s = (done - start) * batch_tokens / max(time.perf_counter() - t_seg, 1e-9)
-        post = {"loss": f"{loss_value:.3f}", "tok/s": f"{tok_s:,.0f}"}
-        if peak:
-            post["mfu"] = f"{tok_s * flops_per_token / peak:.0%}"
+        elapsed = state["train_seconds"] + now - t_seg
+        post = {"loss": f"{loss_value:.3f}"}
+        if state["steady"][0]:
+            tok_s = state["steady"][0] * batch_tokens / state["steady"][1]
+            post.update({"tok/s": f"{tok_s:,.0f}", "mfu": f"{tok_s * flops_per_token / peak:.0%}"})
         bar.set_postfix(post, refresh=False)
         bar.update(1)
         if ckpt_path and tc.checkpoint_every and done % tc.checkpoint_every == 0 and done < steps:
@@ -309,14 +393,15 @@ def train(tc: TrainConfig) -> dict:
             return {"status": "stopped", "step": done}
     bar.close()
     train_seconds = state["train_seconds"] + time.perf_counter() - t_seg
-    trained_tokens = (step + (status == "ok")) * batch_tokens
     # Under DDP evaluate the bare module: ranks may get different numbers of validation batches,
     # and the DDP wrapper's forward can issue a buffer broadcast that would then never be matched.
-    val = evaluate(model if dd.world == 1 else raw, dataset, eval_rows, micro, dd, autocast) \
-        if status == "ok" else None
+    # The compiled model is not used either: evaluation runs once, and compiling its no-grad
+    # graph would cost more than it saves.
+    val = evaluate(raw, dataset, eval_rows, micro, dd, autocast) if status == "ok" else None
     if val is not None and not math.isfinite(val):
         status, val = "diverged", None
-    tok_s = trained_tokens / max(train_seconds, 1e-9) if train_seconds > 0 else None
+    steady_steps, steady_seconds = state["steady"]
+    tok_s = steady_steps * batch_tokens / steady_seconds if steady_seconds > 0 else None
     record = {
         "schema": 1, "study": tc.study, "run_id": run_id(tc), "status": status,
         "r": cfg.r, "s": tc.s, "injection": cfg.injection, "lanes": cfg.lanes if cfg.injection == "hyperconnect" else None,
@@ -328,6 +413,8 @@ def train(tc: TrainConfig) -> dict:
         "wall_seconds": round(train_seconds, 3), "tokens_per_s": tok_s,
         "flops_per_s": tok_s * flops_per_token if tok_s else None,
         "mfu": tok_s * flops_per_token / peak if tok_s and peak else None, "peak_flops": peak,
+        "first_step_seconds": state["first_step_seconds"], "micro_batch": micro, "compile": tc.compile,
+        "peak_memory_bytes": peak_memory_bytes(dd.device),
         "device": device_name(dd.device), "world_size": dd.world, "seed": tc.seed, "lr_scale": tc.lr_scale,
         "learning_rates": {g.get("name", str(i)): g["initial_lr"] for o in optimizers
                            for i, g in enumerate(o.param_groups)},
@@ -378,7 +465,11 @@ def add_train_args(ap: argparse.ArgumentParser):
     ap.add_argument("--micro-batch", type=int, default=None, help="rows per forward pass per process")
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--lr-scale", type=float, default=1.0)
-    ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
+                    help="the fast path: torch.compile + batched optimizers (default); --no-compile "
+                         "runs the plain eager reference step")
+    ap.add_argument("--peak-flops", type=float, default=None,
+                    help="MFU denominator in FLOP/s (default: a known GPU's spec, else measured)")
     ap.add_argument("--data-dir", default=None)
     ap.add_argument("--quiet", action="store_true")
 
@@ -400,7 +491,7 @@ def main(argv=None) -> int:
                      budget=a.budget, steps=a.steps, batch_tokens=a.batch_tokens, micro_batch=a.micro_batch,
                      seed=a.seed, lr_scale=a.lr_scale, out=a.out, study=a.study, checkpoint=a.checkpoint,
                      checkpoint_every=a.checkpoint_every, resume=not a.no_resume, overwrite=a.overwrite,
-                     compile=a.compile, data_dir=a.data_dir, quiet=a.quiet)
+                     compile=a.compile, peak_flops=a.peak_flops, data_dir=a.data_dir, quiet=a.quiet)
     try:
         rec = train(tc)
     except (ConfigError, TrainError, data.DataError) as e:

@@ -63,7 +63,8 @@ def reference(grid_csv, tmp_path_factory):
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("reference")
     log = []
-    table = sweep.sweep(STUDY, out, grid=grid_csv, preset="tiny", checkpoint_every=2, log=log.append)
+    table = sweep.sweep(STUDY, out, grid=grid_csv, preset="tiny", checkpoint_every=2, log=log.append,
+                        compile=False)  # eager: the fast path's own tests are in test_fast_path.py
     return out, table, log
 
 
@@ -240,7 +241,7 @@ def test_sigkilled_sweep_resumes_to_the_same_records(reference, grid_csv, tmp_pa
     ref, _, _ = reference
     out = tmp_path / "killed"
     cmd = [sys.executable, "-m", "looped", "sweep", STUDY, "--grid", str(grid_csv), "--preset", "tiny",
-           "--out", str(out), "--checkpoint-every", "2"]
+           "--out", str(out), "--checkpoint-every", "2", "--no-compile"]
     proc = subprocess.Popen(cmd, env=env1(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     # kill at a random moment while a run is half done: a record exists and a checkpoint too
     target = random.Random().randint(1, 2)

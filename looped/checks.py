@@ -1,0 +1,102 @@
+"""Machine-independent checks for the chapters' nbval-checked cells.
+
+nbval compares the text a checked cell prints with the committed reference notebook, character
+for character.  Counts, verdicts and accounting numbers are exact on every machine, so they are
+printed as they are.  A fitted or bootstrapped number is not: another CPU picks another BLAS
+kernel, sums in another order, and an ill-conditioned fit moves in the third digit.  Such a
+number is therefore not printed into a checked cell; the cell prints its reference value and
+tolerance instead, and `compare` raises when the number falls outside:
+
+    >>> print(compare({"phi": 0.4391}, {"phi": (0.439, 0.01)}))
+    phi  within 0.01 of the reference 0.439
+
+so the printed text is identical wherever the check passes, and the cell fails (an error, which
+nbval reports) wherever it does not.  The readable tables with the numbers themselves are printed
+by unchecked cells next to the checked ones.
+
+Reference values hold for a chapter's default parameters only; run with other parameters (a
+GPU sweep through papermill), a chapter passes ``active=False`` and `compare` prints the
+measured values without judging them.
+"""
+from __future__ import annotations
+
+import math
+
+__all__ = ["ReferenceMismatch", "compare", "near", "tolerance_text"]
+
+
+class ReferenceMismatch(AssertionError):
+    """A checked number lies outside the tolerance of its reference value."""
+
+
+def tolerance_text(tol) -> str:
+    """0.01 -> '0.01'; '5%' (relative) stays '5%'."""
+    return tol if isinstance(tol, str) else f"{tol:g}"
+
+
+def _allowed(reference: float, tol) -> float:
+    if isinstance(tol, str):
+        if not tol.endswith("%"):
+            raise ValueError(f"a relative tolerance is written like '5%', got {tol!r}")
+        return abs(reference) * float(tol[:-1]) / 100.0
+    return float(tol)
+
+
+def _shown(value) -> str:
+    try:
+        return f"{float(value):.6g}"
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def _inside(value, reference: float, tol) -> bool:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return False
+    if math.isnan(reference):
+        return math.isnan(v)
+    return math.isfinite(v) and abs(v - reference) <= _allowed(reference, tol)
+
+
+def near(name: str, value, reference: float, tol, active: bool = True, width: int = 0) -> str:
+    """One checked number as stable text: ``'phi  within 0.01 of the reference 0.439'``.
+
+    ``tol`` is absolute (a number) or relative (a string such as ``'5%'``).  Raises
+    `ReferenceMismatch` (an AssertionError) when ``|value - reference| > tol``.  With
+    ``active=False`` (parameters other than the ones the reference was recorded with) nothing is
+    judged and the measured value is printed instead.
+    """
+    label = f"{name:<{width}}"
+    if not active:
+        try:
+            shown = f"{float(value):.4g}"
+        except (TypeError, ValueError):
+            shown = repr(value)
+        return f"{label}  {shown} (no reference for these parameters)"
+    if not _inside(value, reference, tol):
+        raise ReferenceMismatch(f"{name} = {_shown(value)} is not within {tolerance_text(tol)} "
+                                f"of the reference {reference:g}")
+    return f"{label}  within {tolerance_text(tol)} of the reference {reference:g}"
+
+
+def compare(measured: dict, reference: dict, active: bool = True) -> str:
+    """Several checked numbers, one line each (see `near`), in the order of ``reference``.
+
+    ``reference`` maps a name to ``(reference value, tolerance)``; every name must be in
+    ``measured``.  All lines are checked before raising, so the error lists every number that
+    is off, not only the first.
+    """
+    missing = [k for k in reference if k not in measured]
+    if missing:
+        raise KeyError(f"no measured value for {', '.join(missing)}")
+    width = max((len(k) for k in reference), default=0)
+    lines, bad = [], []
+    for name, (ref, tol) in reference.items():
+        try:
+            lines.append(near(name, measured[name], ref, tol, active=active, width=width))
+        except ReferenceMismatch as e:
+            bad.append(str(e))
+    if bad:
+        raise ReferenceMismatch("; ".join(bad))
+    return "\n".join(lines)

@@ -1,0 +1,119 @@
+"""The nbval checks hold on any machine: a checked cell's output must not move when its inputs move
+by a rounding error, nor when torch runs its plain (non-vectorised) CPU kernels.
+
+Another CPU picks another BLAS kernel and another summation order; that cannot be reproduced
+here without overriding the BLAS library (which the tests must not do), so the property is
+tested directly:
+
+* every chapter is replayed (tests/nbval_replay.py: its code cells in order, default parameters)
+  with each measured loss that enters it multiplied by (1 + 1e-12 u), u ~ U(-1, 1), for several
+  seeds, and the text of every cell tagged ``nbval-check-output`` must equal the committed
+  reference notebook, sanitized as nbval sanitizes it;
+* the chapters' torch-side checked cells are replayed once with ``ATEN_CPU_CAPABILITY=default``.
+
+Both are slow (whole chapters, fits with bootstrap): ``pytest -m slow tests/test_nbval_stability.py``.
+The fast tests below cover `looped.checks`.  tests/README.md lists which outputs are exact and
+which are tolerance-checked.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from looped import checks
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import nbval_replay  # noqa: E402
+
+JITTER_SEEDS = (1, 2, 3)
+JITTERED = ("03_sweep", "04_fit", "05_truncation", "06_hyperconnections", "07_what_phi_buys")
+TORCH_CELLS = {"02_architecture": None,      # chapter 2: live models throughout (whole chapter)
+               "05_truncation": 2,          # code cells 0-2: the truncation check on a live model
+               "06_hyperconnections": 3}    # code cells 0-3: the hyperconnection init check
+
+
+# --- looped.checks ------------------------------------------------------------------------------
+
+def test_near_prints_the_reference_not_the_value():
+    a = checks.near("phi", 0.4391, 0.439, 0.01)
+    b = checks.near("phi", 0.4309, 0.439, 0.01)
+    assert a == b == "phi  within 0.01 of the reference 0.439"
+
+
+def test_near_raises_outside_the_tolerance():
+    with pytest.raises(AssertionError, match=r"phi = 0.451 is not within 0.01 of the reference 0.439"):
+        checks.near("phi", 0.451, 0.439, 0.01)
+    for bad in (float("nan"), float("inf"), None, "x"):
+        with pytest.raises(AssertionError):
+            checks.near("phi", bad, 0.439, 0.01)
+
+
+def test_relative_tolerance():
+    assert checks.near("A", 104.9, 100.0, "5%") == "A  within 5% of the reference 100"
+    with pytest.raises(AssertionError):
+        checks.near("A", 105.1, 100.0, "5%")
+    with pytest.raises(AssertionError):
+        checks.near("A", -100.0, -95.0, "5%")      # |ref| * 5% = 4.75 < 5
+    with pytest.raises(ValueError):
+        checks.near("A", 1.0, 1.0, "5")
+
+
+def test_compare_aligns_names_and_lists_every_mismatch():
+    ref = {"phi": (0.439, 0.01), "R^2": (0.9993, 1e-4), "runs": (24, 0)}
+    assert checks.compare({"phi": 0.44, "R^2": 0.99935, "runs": 24}, ref).splitlines() == [
+        "phi   within 0.01 of the reference 0.439",
+        "R^2   within 0.0001 of the reference 0.9993",
+        "runs  within 0 of the reference 24"]
+    with pytest.raises(AssertionError) as e:
+        checks.compare({"phi": 0.5, "R^2": 0.99, "runs": 24}, ref)
+    assert "phi = 0.5 " in str(e.value) and "R^2 = 0.99 " in str(e.value)
+    with pytest.raises(KeyError):
+        checks.compare({"phi": 0.44}, ref)
+
+
+def test_inactive_checks_report_the_value_and_never_raise():
+    assert checks.near("phi", 0.9, 0.439, 0.01, active=False) == "phi  0.9 (no reference for these parameters)"
+
+
+# --- the chapters -------------------------------------------------------------------------------
+
+def _replay(chapter: str, tmp_path: Path, *args: str, env: dict | None = None) -> list[str]:
+    out = tmp_path / f"{chapter}.json"
+    cmd = [sys.executable, str(ROOT / "tests" / "nbval_replay.py"), chapter, "--out", str(out), *args]
+    environ = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **(env or {})}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=environ, cwd=ROOT, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+def _assert_same(chapter: str, got: list[str], what: str) -> None:
+    want = nbval_replay.reference(chapter)
+    assert got, f"{chapter}: no checked cell ran"
+    assert len(got) <= len(want), f"{chapter}: more checked cells than the reference has (stale notebook?)"
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g == w, f"{chapter}, checked cell {i}, {what}: output differs from the reference\n" \
+                       f"--- reference\n{w}\n--- {what}\n{g}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", JITTER_SEEDS)
+@pytest.mark.parametrize("chapter", JITTERED)
+def test_checked_output_survives_loss_jitter(chapter, seed, tmp_path):
+    got = _replay(chapter, tmp_path, "--jitter", str(seed))
+    assert len(got) == len(nbval_replay.reference(chapter))
+    _assert_same(chapter, got, f"losses jittered by 1e-12 (seed {seed})")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chapter", sorted(TORCH_CELLS))
+def test_torch_checked_cells_with_default_cpu_capability(chapter, tmp_path):
+    stop = TORCH_CELLS[chapter]
+    args = () if stop is None else ("--stop-after", str(stop))
+    got = _replay(chapter, tmp_path, *args, env={"ATEN_CPU_CAPABILITY": "default"})
+    _assert_same(chapter, got, "ATEN_CPU_CAPABILITY=default")
