@@ -50,10 +50,11 @@ PRESETS = {
     # trained on the embedded Shakespeare corpus, T 128, 8 rows per step.
     "cpu": Preset("cpu", 4, 2, 128, 1, 1, 8, 128, 1024, 64, 1_024, 4),
     # The CPU study's preset on the embedded prose corpus (`make corpus`): the paper's
-    # template at effective depth 10 (1 + 8 + 1), d = 8 s in steps of 16, head_dim 16 so every
-    # width of the grid has at least two heads, a 2048-token BPE, T 128, 32 rows per step.
-    # Widths, batch and vocabulary are provisional until the pilot study fixes them.
-    "prose": Preset("prose", 8, 16, 16, 1, 1, 8, 128, 2048, 64, 4_096, 8, 131_072),
+    # template at effective depth 10 (1 + 8 + 1), d = 8 s in steps of 8 and head_dim 8, so that
+    # every width from d = 16 up has at least two heads (the paper's head_dim 128 would leave our
+    # widths a single head), a 2048-token BPE, T 128, 32 rows (4096 tokens) per step, the HyperP
+    # reference at s = 8 (d = 64).  The pilot study (runs/prose_grids.csv) checks the widths.
+    "prose": Preset("prose", 8, 8, 8, 1, 1, 8, 128, 2048, 64, 4_096, 8, 131_072),
     # A toy preset for unit tests: a forward+backward takes milliseconds.
     "tiny": Preset("tiny", 8, 16, 16, 1, 1, 8, 32, 256, 64, 256, 4, 4_096),
 }
@@ -159,11 +160,19 @@ def model_config(preset: Preset | str = "paper", r: int = 1, s: float = 10, inje
     return replace(cfg, **overrides).validate()
 
 
-def run_name(cfg: ModelConfig, budget: float | None = None, steps: int | None = None) -> str:
+DEFAULT_SEED = 42
+
+
+def run_name(cfg: ModelConfig, budget: float | None = None, steps: int | None = None,
+             lr_scale: float = 1.0, seed: int = DEFAULT_SEED) -> str:
     """A readable, unique name for a run within a study (its record's file name)."""
     parts = [f"C{budget:.3g}" if budget else f"steps{steps}", f"r{cfg.r}", f"s{cfg.s:g}"]
     if cfg.injection not in ("none", "linear"):
         parts.append(cfg.injection + (f"{cfg.lanes}" if cfg.injection == "hyperconnect" else ""))
     if cfg.bptt_k is not None:
         parts.append(f"k{cfg.bptt_k}")
+    if lr_scale != 1.0:
+        parts.append(f"lr{lr_scale:g}")
+    if seed != DEFAULT_SEED:
+        parts.append(f"seed{seed}")
     return "_".join(parts).replace("+", "")

@@ -18,10 +18,10 @@ from pathlib import Path
 import pandas as pd
 
 from . import accounting
-from .config import REPO, ConfigError, get_preset, model_config, run_name
+from .config import DEFAULT_SEED, REPO, ConfigError, get_preset, model_config, run_name
 
 GRID_FILES = {"paper": REPO / "runs" / "paper" / "grids.csv", "cpu": REPO / "runs" / "cpu_grids.csv",
-              "gpu": REPO / "runs" / "gpu_grids.csv"}
+              "gpu": REPO / "runs" / "gpu_grids.csv", "prose": REPO / "runs" / "prose_grids.csv"}
 # study name -> (grid file key, study column value, preset)
 STUDIES = {
     "paper-main": ("paper", "main", "paper"),
@@ -32,6 +32,9 @@ STUDIES = {
     "cpu-hyper": ("cpu", "hyperconnections", "cpu"),
     "cpu-smoke": ("cpu", "smoke", "cpu"),
     "gpu-main": ("gpu", "main", "paper"),
+    "prose-pilot": ("prose", "pilot", "prose"),
+    "prose-lr": ("prose", "lr", "prose"),
+    "prose-seeds": ("prose", "seeds", "prose"),
 }
 
 
@@ -49,11 +52,14 @@ class Run:
     injection: str
     lanes: int
     bptt_k: int | None
+    lr_scale: float = 1.0   # optional grid column: an LR sweep's multiplier
+    seed: int = DEFAULT_SEED  # optional grid column: a seed-noise study's seed
 
     def train_config(self, **kw):
         from .train import TrainConfig
         return TrainConfig(preset=self.preset, r=self.r, s=self.s, injection=self.injection, lanes=self.lanes,
-                           bptt_k=self.bptt_k, budget=self.budget, study=self.study, **kw)
+                           bptt_k=self.bptt_k, budget=self.budget, study=self.study, lr_scale=self.lr_scale,
+                           seed=self.seed, **kw)
 
     def model_config(self):
         return model_config(self.preset, r=self.r, s=self.s, injection=self.injection, lanes=self.lanes,
@@ -61,7 +67,7 @@ class Run:
 
     @property
     def run_id(self) -> str:
-        return run_name(self.model_config(), self.budget)
+        return run_name(self.model_config(), self.budget, lr_scale=self.lr_scale, seed=self.seed)
 
 
 def parse_injection(name: str) -> tuple[str, int]:
@@ -72,7 +78,7 @@ def parse_injection(name: str) -> tuple[str, int]:
     return name, 2
 
 
-GRID_COLUMNS = ("study", "budget_flops", "r", "s", "injection", "bptt_k")
+GRID_COLUMNS = ("study", "budget_flops", "r", "s", "injection", "bptt_k")  # + optional lr_scale, seed
 
 
 def load_study(name: str, grid: str | Path | None = None, preset: str = "cpu") -> list[Run]:
@@ -100,8 +106,13 @@ def load_study(name: str, grid: str | Path | None = None, preset: str = "cpu") -
     for row in rows.itertuples():
         injection, lanes = parse_injection(row.injection)
         k = int(row.bptt_k)
+        extra = {}
+        if "lr_scale" in table.columns and pd.notna(row.lr_scale):
+            extra["lr_scale"] = float(row.lr_scale)
+        if "seed" in table.columns and pd.notna(row.seed):
+            extra["seed"] = int(row.seed)
         runs.append(Run(name, preset, float(row.budget_flops), int(row.r), float(row.s), injection, lanes,
-                        None if k >= row.r else k))
+                        None if k >= row.r else k, **extra))
     # Records are keyed by run_id (budget to 3 significant digits): two different rows with one
     # id would silently share a record, the second skipped as done.  This also validates every
     # row's architecture (ConfigError) before anything runs.

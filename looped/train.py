@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from . import accounting, data, optim
-from .config import REPO, ConfigError, get_preset, model_config, run_name
+from .config import DEFAULT_SEED, REPO, ConfigError, get_preset, model_config, run_name
 from .model import LoopedGPT
 
 
@@ -48,7 +48,7 @@ class TrainConfig:
     batch_tokens: int | None = None   # default: the preset's
     micro_batch: int | None = None    # rows per forward pass per process (None: the whole batch on
                                       # the CPU, the largest that fits on a GPU)
-    seed: int = 42
+    seed: int = DEFAULT_SEED
     lr_scale: float = 1.0             # multiplies every learning rate (LR sweeps)
     out: str | None = None            # record path; None writes no record
     study: str = "adhoc"
@@ -71,7 +71,7 @@ class TrainConfig:
 
 def run_id(tc: TrainConfig) -> str:
     """A readable, unique name for a run within a study."""
-    return run_name(tc.model_config(), tc.budget, tc.steps)
+    return run_name(tc.model_config(), tc.budget, tc.steps, tc.lr_scale, tc.seed)
 
 
 # ----------------------------------------------------------------------------- utilities
