@@ -16,14 +16,17 @@ PATHS = ("eager", "fast")
 
 
 def measure_train(preset: str = "cpu", sizes=(6, 32, 64), r_values=(1, 4), steps: int = 5,
-                  peak_size: int = 1024, paths=PATHS, warmup: int = 2):
+                  peak_size: int = 1024, paths=PATHS, warmup: int = 2, micro_batch: int | None = None,
+                  peak_flops: float | None = None):
     """Time real training steps (forward, backward, MuonH + AdamW) on random tokens.
 
     Each (s, r) is timed on every path of `paths`: "eager" is the reference step (no compile,
     MuonH matrix by matrix, one-tensor-at-a-time AdamW), "fast" the trainer's default (the
     model compiled by `train.fast_model`, MuonH batched by shape, foreach AdamW).  Both start
     from the same weights and tokens.  `warmup` untimed steps come first (the fast path's
-    first one compiles; its duration is reported as `warmup_s`).
+    first one compiles; its duration is reported as `warmup_s`).  `micro_batch` splits each
+    step's rows into gradient-accumulation micro-batches as the trainer does; `peak_flops` is
+    the MFU denominator (default: measured here).
 
     Returns (rows, peak): one dict per (s, r, path) with ms/step, tokens/s, the model FLOP/s the
     accounting credits and MFU against `peak`, a square-matmul FLOP/s measured in this process.
@@ -42,9 +45,12 @@ def measure_train(preset: str = "cpu", sizes=(6, 32, 64), r_values=(1, 4), steps
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     p = get_preset(preset)
     configs = [model_config(p, r=int(r), s=float(s)) for s in sizes for r in r_values]
-    peak = matmul_peak(device, dtype, peak_size, seconds=1.0)
+    peak = peak_flops or matmul_peak(device, dtype, peak_size, seconds=1.0)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     B = p.batch_tokens // p.seq_len
+    micro = micro_batch or B
+    if micro < 1 or B % micro:
+        raise ValueError(f"{B} rows per step do not split into micro-batches of {micro}")
     rows = []
     for cfg in configs:
         f = accounting.flops_per_token(cfg)
@@ -57,13 +63,16 @@ def measure_train(preset: str = "cpu", sizes=(6, 32, 64), r_values=(1, 4), steps
             x = torch.randint(0, cfg.vocab_size, (B, cfg.seq_len + 1), device=device)
 
             def step():
-                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-                    loss = model(x[:, :-1], x[:, 1:])
-                loss.backward()
+                total = torch.zeros((), device=device)
+                for a in range(0, B, micro):
+                    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+                        loss = model(x[a:a + micro, :-1], x[a:a + micro, 1:]) * (micro / B)
+                    loss.backward()
+                    total += loss.detach()
                 for o in opts:
                     o.step()
                     o.zero_grad(set_to_none=True)
-                return loss.item()  # the trainer's one host sync per step
+                return total.item()  # the trainer's one host sync per step
 
             t0 = time.perf_counter()
             for _ in range(warmup):
@@ -105,6 +114,8 @@ def bench_train(argv) -> int:
     ap.add_argument("--paths", default="eager,fast", help="eager, fast or both")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     ap.add_argument("--peak-size", type=int, default=1024, help="square matmul size for the peak")
+    ap.add_argument("--peak-flops", type=float, default=None, help="MFU denominator in FLOP/s (default: measured)")
+    ap.add_argument("--micro-batch", type=int, default=None, help="rows per forward pass (default: the whole batch)")
     ap.add_argument("--json", default=None, help="also write the rows and the peak to this file")
     a = ap.parse_args(argv)
     if a.threads:
@@ -112,12 +123,15 @@ def bench_train(argv) -> int:
     try:
         rows, peak = measure_train(a.preset, [float(s) for s in a.sizes.split(",")],
                                    [int(r) for r in a.r.split(",")], a.steps, a.peak_size,
-                                   paths=tuple(a.paths.split(",")))
+                                   paths=tuple(a.paths.split(",")), micro_batch=a.micro_batch,
+                                   peak_flops=a.peak_flops)
     except (ConfigError, ValueError) as e:
         print(f"looped bench train: error: {e}", file=sys.stderr)
         return 2
     kind = "cuda bf16" if torch.cuda.is_available() else "cpu fp32"
-    print(f"{kind}, {torch.get_num_threads()} threads; matmul peak ({a.peak_size}^3): {peak / 1e9:.1f} GFLOP/s")
+    print(f"{kind}, {torch.get_num_threads()} threads; "
+          + (f"peak (given): {peak / 1e9:.1f} GFLOP/s" if a.peak_flops else
+             f"matmul peak ({a.peak_size}^3): {peak / 1e9:.1f} GFLOP/s"))
     print(f"{'s':>4} {'r':>2} {'d':>5} {'path':>6} {'ms/step':>8} {'tokens/s':>10} {'GFLOP/s':>8} {'MFU':>6} {'warm-up':>8}")
     for x in rows:
         print(f"{x['s']:>4g} {x['r']:>2} {x['d_model']:>5} {x['path']:>6} {x['ms_per_step']:>8.1f} "
