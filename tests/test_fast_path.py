@@ -20,6 +20,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 MODES = {"linear": dict(r=4), "additive": dict(r=4, injection="additive"),
          "hyperconnect": dict(r=4, injection="hyperconnect", lanes=2), "truncated": dict(r=4, bptt_k=2)}
+COMPILED_MODES = {"plain": dict(r=1), **MODES, "passthrough": dict(r=4, injection="passthrough")}
 
 
 @pytest.fixture(scope="module")
@@ -63,11 +64,11 @@ def test_batched_muonh_step_equals_reference(mode):
 
 # ----------------------------------------------------------------------------- compiled model
 
-@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("mode", list(COMPILED_MODES))
 def test_compiled_forward_backward_equals_eager(mode):
     """One graph per mode (no breaks: the recurrence unrolls, truncation toggles grad mode inside
     the graph) and the same loss and gradients as eager to fp32 round-off."""
-    cfg = model_config("tiny", s=1, **MODES[mode])
+    cfg = model_config("tiny", s=1, **COMPILED_MODES[mode])
     torch.manual_seed(0)
     eager = LoopedGPT(cfg)
     compiled_raw = LoopedGPT(cfg)
