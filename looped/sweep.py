@@ -268,7 +268,8 @@ def sweep(study: str, out: str | Path, shard: tuple[int, int] = (0, 1), checkpoi
 # ----------------------------------------------------------------------------- runs tables
 
 COLUMNS = ["run_id", "study", "status", "budget", "r", "s", "injection", "bptt_k", "d_model", "n", "n_once",
-           "n_rec", "flops_per_token", "tokens", "steps", "loss", "wall_seconds", "tokens_per_s", "mfu"]
+           "n_rec", "flops_per_token", "tokens", "steps", "loss", "wall_seconds", "tokens_per_s", "mfu",
+           "lr_scale", "seed"]
 
 
 def read_records(folder: str | Path) -> pd.DataFrame:

@@ -1,0 +1,83 @@
+"""Is a study in the law's regime?  The checks a new grid must pass before its sweep starts.
+
+A scaling-law fit only means something where the runs behave like the paper's: every iso-FLOP
+curve has its minimum strictly inside the widths trained, the compute-optimal model sees a
+sensible number of tokens per parameter (the paper's minima sit at roughly 8-24; Section 4),
+the models are far from the token-frequency floor (the unigram entropy), the learning rate
+transferred by HyperP is close to the best one at the reference width, and the fit's residuals
+are compared with the loss spread that seeds alone produce.  These functions read the pilot,
+LR-sweep and seed-noise studies (`looped sweep prose-pilot`, `prose-lr`, `prose-seeds`) and
+return one small table per question; chapter 3 shows them.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from .analysis import iso_flop_cells, study_table
+from .sweep import read_records
+
+
+def pilot_optima(study: str = "prose-pilot", runs_dir=None, tokens_per_param=(10.0, 40.0)) -> pd.DataFrame:
+    """Per (budget, r) cell of a pilot: the iso-FLOP vertex (unique params N*, d_model of the
+    nearest trained width, tokens per unique parameter) and whether it is bracketed by the
+    widths trained and inside the `tokens_per_param` window."""
+    table = study_table(study, runs_dir)
+    cells = iso_flop_cells(table)
+    ok = table[(table.status == "ok") & table.loss.notna()]
+    rows = []
+    for c in cells.itertuples():
+        g = ok[(ok.budget == c.budget) & (ok.r == c.r)]
+        if not c.fitted or g.empty:
+            rows.append(dict(budget=c.budget, r=c.r, finished=c.finished, fitted=False))
+            continue
+        n_unique = g.n_once + g.n_rec
+        nearest = g.iloc[int(np.argmin(np.abs(np.log(n_unique.to_numpy()) - np.log(c.n_star))))]
+        lo, hi = tokens_per_param
+        rows.append(dict(budget=c.budget, r=c.r, finished=c.finished, fitted=True, n_star=c.n_star,
+                         d_nearest=int(nearest.d_model), tokens_per_param=c.tokens_per_param,
+                         best_loss=float(g.loss.min()), inside=bool(c.inside and c.opens_up),
+                         in_window=bool(lo <= c.tokens_per_param <= hi)))
+    return pd.DataFrame(rows)
+
+
+def lr_sweep(study: str = "prose-lr", runs_dir=None, tolerance: float = 0.01) -> pd.DataFrame:
+    """Per r: the final loss at each LR multiplier, the best multiplier, and whether multiplier 1
+    (HyperP's transfer) is within `tolerance` nats of the best."""
+    rec = _ok_records(study, runs_dir)
+    rows = []
+    for r, g in rec.groupby("r", sort=True):
+        by_lr = g.groupby("lr_scale").loss.mean().sort_index()
+        best = float(by_lr.idxmin())
+        at_one = float(by_lr.get(1.0, np.nan))
+        rows.append(dict(r=int(r), **{f"lr x{m:g}": v for m, v in by_lr.items()}, best_multiplier=best,
+                         gap_at_1=at_one - float(by_lr.min()), transfer_ok=bool(at_one - by_lr.min() <= tolerance)))
+    return pd.DataFrame(rows)
+
+
+def seed_spread(study: str = "prose-seeds", runs_dir=None) -> pd.DataFrame:
+    """Per configuration (budget, r, s): the final losses of its seeds, their standard deviation
+    and range: the noise floor that a fit's residuals cannot go below."""
+    rec = _ok_records(study, runs_dir)
+    rows = []
+    for (budget, r, s), g in rec.groupby(["budget", "r", "s"], sort=True):
+        rows.append(dict(budget=budget, r=int(r), s=s, seeds=len(g), mean=float(g.loss.mean()),
+                         std=float(g.loss.std(ddof=1)) if len(g) > 1 else np.nan,
+                         range=float(g.loss.max() - g.loss.min())))
+    return pd.DataFrame(rows)
+
+
+def _ok_records(study: str, runs_dir=None) -> pd.DataFrame:
+    from pathlib import Path
+
+    from .config import REPO
+    from .sweep import COLUMNS
+    folder = REPO / "runs" / study if runs_dir is None else Path(runs_dir)
+    rec = read_records(folder) if folder.is_dir() else pd.DataFrame(columns=COLUMNS)
+    rec = rec[rec.status == "ok"].copy()
+    for col in ("loss", "budget", "s", "lr_scale"):
+        if col in rec:
+            rec[col] = rec[col].astype(float)
+    if "seed" in rec:
+        rec["seed"] = rec["seed"].astype(int)
+    return rec

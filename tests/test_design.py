@@ -1,0 +1,65 @@
+"""looped.design: the pilot checks (iso-FLOP optima, tokens per parameter), the LR sweep and the
+seed spread, on synthetic records written where the sweep would write them."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from looped import design, sweep
+from looped.train import atomic_write_json
+
+
+def write(folder, run, loss, **extra):
+    cfg = run.model_config()
+    from looped import accounting
+    s = accounting.summary(cfg, run.budget, 4096)
+    atomic_write_json(folder / f"{run.run_id}.json", {
+        "run_id": run.run_id, "study": run.study, "status": "ok", "budget": run.budget, "r": run.r, "s": run.s,
+        "injection": run.injection, "bptt_k": cfg.k_bwd, "d_model": cfg.d_model, "n": s["n"], "n_once": s["n_once"],
+        "n_rec": s["n_rec"], "flops_per_token": s["flops_per_token"], "tokens": s["tokens"], "steps": s["steps"],
+        "loss": loss, "lr_scale": run.lr_scale, "seed": run.seed, **extra})
+
+
+def test_pilot_optima_bracket_and_tokens_per_param(tmp_path):
+    runs = sweep.load_study("prose-pilot")
+    for run in runs:  # a parabola in log N with its vertex at the middle of each cell's widths
+        cell = [x for x in runs if x.budget == run.budget and x.r == run.r]
+        logs = [math.log(x.model_config().d_model) for x in cell]
+        mid = (min(logs) + max(logs)) / 2
+        write(tmp_path, run, 4.0 + (math.log(run.model_config().d_model) - mid) ** 2)
+    table = design.pilot_optima("prose-pilot", tmp_path)
+    assert len(table) == 4 and table.fitted.all() and table.inside.all()
+    assert (table.finished == 4).all()
+    assert ((table.tokens_per_param > 1) & (table.tokens_per_param < 100)).all()
+    # a cell whose losses fall monotonically with width has no interior minimum
+    for run in runs:
+        if run.budget == 3e12 and run.r == 1:
+            write(tmp_path, run, 6.0 - 0.1 * run.s)
+    table = design.pilot_optima("prose-pilot", tmp_path).set_index(["budget", "r"])
+    assert not table.loc[(3e12, 1), "inside"] and table.loc[(1e13, 1), "inside"]
+
+
+def test_lr_sweep_finds_the_best_multiplier(tmp_path):
+    for run in sweep.load_study("prose-lr"):
+        write(tmp_path, run, 4.0 + 0.1 * math.log2(run.lr_scale / (1.4 if run.r == 1 else 1.0)) ** 2)
+    table = design.lr_sweep("prose-lr", tmp_path).set_index("r")
+    assert table.loc[1, "best_multiplier"] == 1.4 and table.loc[4, "best_multiplier"] == 1.0
+    assert table.loc[4, "transfer_ok"] and not table.loc[1, "transfer_ok"]
+    assert table.loc[1, "gap_at_1"] == pytest.approx(0.1 * math.log2(1 / 1.4) ** 2)
+
+
+def test_seed_spread(tmp_path):
+    losses = {42: 4.00, 43: 4.02, 44: 4.01}
+    for run in sweep.load_study("prose-seeds"):
+        write(tmp_path, run, losses[run.seed] + run.r)
+    table = design.seed_spread("prose-seeds", tmp_path)
+    assert list(table.r) == [1, 8] and (table.seeds == 3).all()
+    assert table["range"].tolist() == pytest.approx([0.02, 0.02])
+    assert table["std"].tolist() == pytest.approx([0.01, 0.01])
+
+
+def test_empty_studies_give_empty_tables(tmp_path):
+    assert design.lr_sweep("prose-lr", tmp_path / "none").empty
+    assert design.seed_spread("prose-seeds", tmp_path / "none").empty
+    assert not design.pilot_optima("prose-pilot", tmp_path / "none").fitted.any()
