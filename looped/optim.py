@@ -1,4 +1,4 @@
-"""The paper's optimizers (paper-facts section 4): MuonH for matrices, AdamW for the rest.
+"""The paper's optimizers (as its training setup describes them): MuonH for matrices, AdamW for the rest.
 
 MuonH is Muon with a *hyperspherical* constraint: every matrix stays on the sphere of its
 initial Frobenius norm, so its scale never drifts and the learning rate directly sets the
