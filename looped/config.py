@@ -164,7 +164,7 @@ DEFAULT_SEED = 42
 
 
 def run_name(cfg: ModelConfig, budget: float | None = None, steps: int | None = None,
-             lr_scale: float = 1.0, seed: int = DEFAULT_SEED) -> str:
+             lr_scale: float = 1.0, seed: int = DEFAULT_SEED, batch_tokens: int | None = None) -> str:
     """A readable, unique name for a run within a study (its record's file name)."""
     parts = [f"C{budget:.3g}" if budget else f"steps{steps}", f"r{cfg.r}", f"s{cfg.s:g}"]
     if cfg.injection not in ("none", "linear"):
@@ -175,4 +175,6 @@ def run_name(cfg: ModelConfig, budget: float | None = None, steps: int | None = 
         parts.append(f"lr{lr_scale:g}")
     if seed != DEFAULT_SEED:
         parts.append(f"seed{seed}")
+    if batch_tokens is not None and batch_tokens != get_preset(cfg.preset).batch_tokens:
+        parts.append(f"b{batch_tokens}")
     return "_".join(parts).replace("+", "")

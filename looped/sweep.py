@@ -35,6 +35,7 @@ STUDIES = {
     "prose-pilot": ("prose", "pilot", "prose"),
     "prose-lr": ("prose", "lr", "prose"),
     "prose-seeds": ("prose", "seeds", "prose"),
+    "prose-batch": ("prose", "batch", "prose"),
 }
 
 
@@ -54,20 +55,26 @@ class Run:
     bptt_k: int | None
     lr_scale: float = 1.0   # optional grid column: an LR sweep's multiplier
     seed: int = DEFAULT_SEED  # optional grid column: a seed-noise study's seed
+    batch_tokens: int | None = None  # optional grid column: tokens per step (None: the preset's)
 
     def train_config(self, **kw):
         from .train import TrainConfig
         return TrainConfig(preset=self.preset, r=self.r, s=self.s, injection=self.injection, lanes=self.lanes,
                            bptt_k=self.bptt_k, budget=self.budget, study=self.study, lr_scale=self.lr_scale,
-                           seed=self.seed, **kw)
+                           seed=self.seed, batch_tokens=self.batch_tokens, **kw)
 
     def model_config(self):
         return model_config(self.preset, r=self.r, s=self.s, injection=self.injection, lanes=self.lanes,
                             bptt_k=self.bptt_k)
 
     @property
+    def tokens_per_step(self) -> int:
+        return self.batch_tokens or get_preset(self.preset).batch_tokens
+
+    @property
     def run_id(self) -> str:
-        return run_name(self.model_config(), self.budget, lr_scale=self.lr_scale, seed=self.seed)
+        return run_name(self.model_config(), self.budget, lr_scale=self.lr_scale, seed=self.seed,
+                        batch_tokens=self.batch_tokens)
 
 
 def parse_injection(name: str) -> tuple[str, int]:
@@ -78,7 +85,7 @@ def parse_injection(name: str) -> tuple[str, int]:
     return name, 2
 
 
-GRID_COLUMNS = ("study", "budget_flops", "r", "s", "injection", "bptt_k")  # + optional lr_scale, seed
+GRID_COLUMNS = ("study", "budget_flops", "r", "s", "injection", "bptt_k")  # + optional lr_scale, seed, batch_tokens
 
 
 def load_study(name: str, grid: str | Path | None = None, preset: str = "cpu") -> list[Run]:
@@ -111,6 +118,8 @@ def load_study(name: str, grid: str | Path | None = None, preset: str = "cpu") -
             extra["lr_scale"] = float(row.lr_scale)
         if "seed" in table.columns and pd.notna(row.seed):
             extra["seed"] = int(row.seed)
+        if "batch_tokens" in table.columns and pd.notna(row.batch_tokens):
+            extra["batch_tokens"] = int(row.batch_tokens)
         runs.append(Run(name, preset, float(row.budget_flops), int(row.r), float(row.s), injection, lanes,
                         None if k >= row.r else k, **extra))
     # Records are keyed by run_id (budget to 3 significant digits): two different rows with one
@@ -144,8 +153,7 @@ def plan(runs: list[Run], peak_flops: float, mfu: float, timing: tuple[float, fl
     rows = []
     for run in runs:
         cfg = run.model_config()
-        bt = get_preset(run.preset).batch_tokens
-        s = accounting.summary(cfg, run.budget, bt)
+        s = accounting.summary(cfg, run.budget, run.tokens_per_step)
         flops = s["flops_per_token"] * s["tokens"]
         est = timing[0] * s["steps"] + timing[1] * flops if timing else flops / (peak_flops * mfu)
         rows.append({"run_id": run.run_id, "budget": run.budget, "r": run.r, "s": run.s,
@@ -194,7 +202,7 @@ def gpu_plan(runs: list[Run], peak_flops: float, mfu: float, device_memory: floa
     micro, mem = [], []
     for run in runs:
         cfg = run.model_config()
-        rows = get_preset(run.preset).batch_tokens // cfg.seq_len
+        rows = run.tokens_per_step // cfg.seq_len
         if rows % gpus:
             raise SweepError(f"{rows} rows per step do not split over {gpus} GPUs")
         m = micro_batch or memory.auto_micro_batch(cfg, rows // gpus, device_memory, dtype)
@@ -363,6 +371,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="folder of run records (default runs/STUDY)")
     ap.add_argument("--shard", default="0/1", help="i/n: run every n-th run starting at i")
     ap.add_argument("--checkpoint-every", type=int, default=25)
+    ap.add_argument("--budgets", default=None, help="comma list: run only these budgets (e.g. 3e12,1e13)")
     ap.add_argument("--verbose", action="store_true", help="progress bar per run")
     t = ap.add_argument_group("training (passed to every run)")
     t.add_argument("--micro-batch", type=int, default=None,
@@ -406,6 +415,11 @@ def main(argv=None) -> int:
     except ValueError:
         print(f"looped sweep: error: --shard must be i/n with 0 <= i < n, got {a.shard!r}", file=sys.stderr)
         return 2
+    try:
+        budgets = [float(b) for b in a.budgets.split(",")] if a.budgets else None
+    except ValueError:
+        print(f"looped sweep: error: --budgets must be a comma list of numbers, got {a.budgets!r}", file=sys.stderr)
+        return 2
     out = Path(a.out or REPO / "runs" / a.study)
     train_kw = {k: v for k, v in (("micro_batch", a.micro_batch), ("compile", a.compile),
                                   ("peak_flops", a.peak_flops)) if v is not None}
@@ -416,7 +430,7 @@ def main(argv=None) -> int:
         if a.dry_run:
             return _dry_run(a, runs, out, i, n)
         table = sweep(a.study, out, (i, n), a.checkpoint_every, quiet=not a.verbose, grid=a.grid,
-                      preset=a.preset, **train_kw)
+                      preset=a.preset, budgets=budgets, **train_kw)
     except (SweepError, ConfigError) as e:
         print(f"looped sweep: error: {e}", file=sys.stderr)
         return 2

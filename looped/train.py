@@ -71,7 +71,7 @@ class TrainConfig:
 
 def run_id(tc: TrainConfig) -> str:
     """A readable, unique name for a run within a study."""
-    return run_name(tc.model_config(), tc.budget, tc.steps, tc.lr_scale, tc.seed)
+    return run_name(tc.model_config(), tc.budget, tc.steps, tc.lr_scale, tc.seed, tc.batch_tokens)
 
 
 # ----------------------------------------------------------------------------- utilities

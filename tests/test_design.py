@@ -63,3 +63,14 @@ def test_empty_studies_give_empty_tables(tmp_path):
     assert design.lr_sweep("prose-lr", tmp_path / "none").empty
     assert design.seed_spread("prose-seeds", tmp_path / "none").empty
     assert not design.pilot_optima("prose-pilot", tmp_path / "none").fitted.any()
+
+
+def test_grid_batch_column_names_and_trains_the_run():
+    runs = sweep.load_study("prose-batch")
+    assert all(run.batch_tokens == 2048 and run.run_id.endswith("_b2048") for run in runs)
+    tc = runs[0].train_config()
+    assert tc.batch_tokens == 2048
+    from looped.train import run_id
+    assert run_id(tc) == runs[0].run_id
+    plan = sweep.plan(runs, peak_flops=1e9, mfu=0.5)
+    assert (plan.tokens / plan.steps == 2048).all()
