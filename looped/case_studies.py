@@ -245,3 +245,121 @@ def token_gain_summary(study: str = "paper-truncated"):
     return pd.DataFrame([dict(r=k, runs=len(g), median=g["ratio"].median(), min=g["ratio"].min(),
                               max=g["ratio"].max(), flops_ratio_median=g["flops_ratio"].median())
                          for k, g in parts])
+
+
+# ------------------------------------------------------------------ text read from a case study
+
+def edge_notes(cs: CaseStudy) -> list:
+    """Sentences flagging estimates of a case study that sit on the edge of the fitting box
+    (log E = -3, i.e. E = e^-3 = 0.050 nats; phi = -3 or 3): a parameter there is a bound of the
+    protocol, not an estimate, and a bootstrap percentile there means that part of the resamples
+    ran into the edge, so the interval is open on that side.  Empty when nothing is on an edge."""
+    from .fit import HI, LO, LAW_PARAMS, at_bounds
+    notes = []
+    for label, res in (("baseline", cs.baseline), (cs.name, cs.variant)):
+        if res is None:
+            continue
+        for p in at_bounds(res):
+            v = getattr(res, p)
+            where = ("at the lower edge of the fitting box, e⁻³ ≈ 0.050 nats" if p == "E"
+                     else f"at {v:.3f}, on the edge of the fitting box")
+            notes.append(f"the {label} fit puts {_SYMBOL.get(p, p)} {where}: a bound, not an estimate")
+        i = LAW_PARAMS.index("phi")
+        lo, hi = res.ci.get("phi", (float("nan"), float("nan")))
+        for end, v, box in (("lower", lo, LO[i]), ("upper", hi, HI[i])):
+            if v == v and abs(v - box) < 1e-3:
+                notes.append(f"the {end} end of the {label} fit's φ interval, {v:.3f}, is the edge of the fitting "
+                             f"box: some resamples ran into it, so the interval is open on that side")
+    return notes
+
+
+_SYMBOL = {"phi": "φ", "alpha": "α", "beta": "β"}
+
+
+def verdict(cs: CaseStudy, paper_delta: float, study: str = "") -> str:
+    """A paragraph (Markdown) reading a case study's change in phi beside the paper's: direction,
+    agreement with the paper's sign, the paired interval and any estimates on the box edge."""
+    if not cs.ok:
+        return (f"Our case-study fit is not available: {cs.note}.  Rerun this chapter once the "
+                f"`{study or cs.name}` sweep has finished.")
+    d = cs.delta_phi
+    agrees = "agrees with" if (d > 0) == (paper_delta > 0) else "goes against"
+    ci = cs.delta_phi_ci
+    if ci is None:
+        certainty = "There is no paired interval, since the two tables do not cover the same cells."
+    elif ci[1] < 0 or ci[0] > 0:
+        certainty = (f"The paired bootstrap interval, [{ci[0]:+.3f}, {ci[1]:+.3f}], excludes zero, "
+                     "so our data resolve the direction.")
+    else:
+        certainty = (f"The paired bootstrap interval, [{ci[0]:+.3f}, {ci[1]:+.3f}], contains zero: our "
+                     "runs do not resolve the direction.")
+    text = (f"On our CPU study the {cs.name} refit gives a {'lower' if d < 0 else 'higher'} φ than the baseline, "
+            f"by {abs(d):.3f}; this {agrees} the paper's direction ({paper_delta:+.3f}).  {certainty}")
+    notes = edge_notes(cs)
+    if notes:
+        text += "  Note that " + "; ".join(notes) + "."
+    return text
+
+
+def cells_vs_phi(cells, cs: CaseStudy, what: str) -> str:
+    """A paragraph (Markdown) setting the cell-by-cell comparison (`case_study_cells`) against the
+    fitted change in phi, written from the numbers: where the variant wins, whether its advantage
+    grows or shrinks steadily with r, what the law would then expect of phi, and whether the fit
+    agrees.  ``what`` names the variant's runs ("truncated", "hyperconnection")."""
+    if not len(cells):
+        return "No (budget, r) cell has runs of both kinds yet."
+    by_r = cells.groupby("r")["delta"].mean()
+    r_lo, r_hi = int(by_r.index.min()), int(by_r.index.max())
+    better = int((cells["delta"] < 0).sum())
+    gain_lo, gain_hi = -by_r.loc[r_lo], -by_r.loc[r_hi]
+    text = (f"The {what} runs reach the lower best loss in {better} of {len(cells)} cells; averaged "
+            f"over budgets, the difference is " + ", ".join(f"{v:+.3f} nats at r = {int(r)}" for r, v in by_r.items())
+            + ".  ")
+    gains = (-by_r).to_numpy()
+    steps = np.diff(gains)
+    if abs(gain_hi - gain_lo) < 0.01 and np.all(np.abs(steps) < 0.01):
+        return text + ("The advantage is about the same at every r, which under the law says little about φ: a "
+                       "change in φ shows up as an advantage that grows (φ up) or shrinks (φ down) with r.")
+    if np.all(steps > -0.01) and gain_hi > gain_lo:
+        grows = True
+    elif np.all(steps < 0.01) and gain_hi < gain_lo:
+        grows = False
+    else:
+        best = int(by_r.index[int(np.argmax(gains))])
+        return text + (f"The advantage does not change steadily with r (it is largest at r = {best}), so the cells "
+                       f"show no clear sign of a change in φ, which would make it grow (φ up) or shrink (φ down) "
+                       f"with r."
+                       + (f"  The fitted change, {cs.delta_phi:+.3f}"
+                          + (", has a paired interval that contains zero." if cs.delta_phi_ci is not None
+                             and cs.delta_phi_ci[0] <= 0 <= cs.delta_phi_ci[1] else ".") if cs.ok else ""))
+    text += (f"The advantage {'grows' if grows else 'shrinks'} with r (from {gain_lo:+.3f} to {gain_hi:+.3f} nats "
+             f"in favour of the {what} runs), which under the law is the signature of a {'higher' if grows else 'lower'} φ: "
+             f"the more recurrences, the {'more' if grows else 'less'} the change is worth.")
+    if not cs.ok:
+        return text
+    consistent = (cs.delta_phi > 0) == grows
+    ci = cs.delta_phi_ci
+    unresolved = ci is not None and ci[0] <= 0 <= ci[1]
+    if consistent:
+        return text + f"  The fitted change in φ, {cs.delta_phi:+.3f}, points the same way."
+    text += (f"  The fitted change in φ, {cs.delta_phi:+.3f}, points the other way.  The two views weigh different "
+             f"things: the cells compare single best runs, while the refit moves all six parameters of the law at "
+             f"once (here E goes from {cs.baseline.E:.3f} to {cs.variant.E:.3f} nats, α from "
+             f"{cs.baseline.alpha:.3f} to {cs.variant.alpha:.3f}), and φ trades off against them.")
+    if unresolved:
+        text += ("  Since the paired interval of the change contains zero, the fit does not establish a direction "
+                 "at all; the cell-by-cell differences are the more direct reading of these runs.")
+    return text
+
+
+def reproduced(cs: CaseStudy, paper_delta: float) -> str:
+    """A short verdict on a case study's change in phi against the paper's, for a results table:
+    'yes' (same sign, paired interval excludes zero), 'direction only (interval contains 0)',
+    'no (opposite sign...)' or 'not fitted'."""
+    if not cs.ok:
+        return "not fitted"
+    ci = cs.delta_phi_ci
+    unresolved = ci is None or ci[0] <= 0 <= ci[1]
+    if (cs.delta_phi > 0) == (paper_delta > 0):
+        return "direction only (interval contains 0)" if unresolved else "yes"
+    return "no (opposite sign" + (", interval contains 0)" if unresolved else ")")

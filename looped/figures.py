@@ -424,7 +424,10 @@ def plot_case_study_isoflop(axes, baseline_runs, variant_runs, label: str, r_val
         ax.set_title(f"r = {r}")
         ax.set_xlabel("unique non-embedding parameters N")
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("final validation loss (nats/token)")
+    for ax in axes:
+        spec = ax.get_subplotspec()
+        if spec is None or spec.is_first_col():
+            ax.set_ylabel("final validation loss (nats/token)")
     handles = [axes[0].plot([], [], color=colors[c], marker="o", ls="-")[0] for c in budgets]
     labels = [f"C = {c:.3g} FLOPs" for c in budgets]
     handles += [axes[0].plot([], [], color="0.3", marker="o", ls="-")[0],
@@ -450,6 +453,21 @@ def plot_phi_comparison(ax, cs, paper_baseline: float, paper_variant: float):
         hi = [res.ci.get("phi", (res.phi, res.phi))[1] for _, res in fits]
         ax.errorbar(xs, vals, yerr=[np.subtract(vals, lo), np.subtract(hi, vals)], fmt="o", color=OURS_COLOR,
                     capsize=4, label="ours (95% bootstrap interval)", zorder=3)
+        # keep the estimates readable: an interval running far out (to the edge of the fitting
+        # box) is cut at the frame and its end written beside it
+        points = list(vals) + [paper_baseline, paper_variant]
+        bottom, top = min(points) - 0.6, max(points) + 0.6
+        if min(lo) > bottom - 0.4:          # a little past the frame: widen it instead of cutting
+            bottom = min(bottom, min(lo) - 0.05)
+        if max(hi) < top + 0.4:
+            top = max(top, max(hi) + 0.05)
+        ax.set_ylim(bottom, top)
+        for xi, l, h in zip(xs, lo, hi):
+            for end, edge, va in ((l, bottom, "bottom"), (h, top, "top")):
+                if (end < edge) if va == "bottom" else (end > edge):
+                    edge_note = " (box edge)" if abs(abs(end) - 3.0) < 1e-3 else ""
+                    ax.annotate(f"to {end:.2f}{edge_note}", (xi, edge), xytext=(4, 3 if va == "bottom" else -3),
+                                textcoords="offset points", fontsize=LEGEND_FONTSIZE, color=OURS_COLOR, va=va)
     for i in sorted({0, 1} - {i for i, _ in fits}):
         ax.annotate("ours: not fitted\n(too few runs)", (i, paper_variant if i else paper_baseline),
                     xytext=(0, -28), textcoords="offset points", ha="center", fontsize=8, color="0.4")

@@ -218,17 +218,21 @@ def group_pairs(df, suffixes=("ours", "paper")):
 
 
 def html_table(df, headers: dict | None = None, caption: str | None = None, index: bool | None = None,
-               formats: dict | None = None, pairs: bool = False):
+               formats: dict | None = None, pairs: bool | tuple = False):
     """A DataFrame as a readable HTML table (a pandas Styler: Jupyter and the book render it).
 
     Column names are replaced by ``headers`` (then `HEADERS`, then underscores become spaces);
     two-level columns (e.g. from `side_by_side`, or ``pairs=True`` for ``x_ours`` / ``x_paper``
-    columns, see `group_pairs`) are shown as grouped headers.  Every cell is formatted by
+    columns, see `group_pairs`; ``pairs=("law", "paper")`` for other suffixes) are shown as
+    grouped headers.  Every cell is formatted by
     `number_text` unless ``formats`` gives a format string or function for its column.  The
     index is shown unless it is a plain 0..n-1 range (``index`` overrides)."""
     import pandas as pd
     names = {**HEADERS, **(headers or {})}
-    table = group_pairs(df) if pairs else df.copy()
+    if pairs:
+        table = group_pairs(df, tuple(pairs)) if isinstance(pairs, (tuple, list)) else group_pairs(df)
+    else:
+        table = df.copy()
     formats = formats or {}
     fmt = {}
     for col in table.columns:
@@ -248,7 +252,9 @@ def html_table(df, headers: dict | None = None, caption: str | None = None, inde
     table.columns = new
     if table.index.name in names:
         table.index.name = names[table.index.name]
-    styler = table.style.format(fmt)
+    import hashlib
+    digest = hashlib.md5((str(caption) + table.to_csv()).encode()).hexdigest()[:8]
+    styler = table.style.format(fmt).set_uuid(f"looped{digest}")   # stable ids: reruns change no HTML
     plain_index = isinstance(df.index, pd.RangeIndex) and df.index.start == 0 and df.index.step == 1
     if index is False or (index is None and plain_index):
         styler = styler.hide(axis="index")

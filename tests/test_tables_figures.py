@@ -1,4 +1,6 @@
 """Table formatting and the book's palette."""
+import math
+
 import pandas as pd
 
 from looped import figures, tables
@@ -50,3 +52,51 @@ def test_figures_draw(tmp_path):
     fig.savefig(tmp_path / "f.png")
     plt.close(fig)
     assert figures.r_color(4) == figures.R_COLORS[4] and figures.r_color(3) == "0.5"
+
+
+def test_html_table_is_stable_and_takes_other_pairs():
+    df = pd.DataFrame({"budget": [1e18], "r": [4], "N*_law": [12.3], "N*_paper": [11.9]})
+    first = tables.html_table(df, pairs=("law", "paper")).to_html()
+    assert first == tables.html_table(df, pairs=("law", "paper")).to_html()   # no random ids: reruns diff cleanly
+    assert "law" in first and "paper" in first and "N*_law" not in first
+
+
+def _case_study(delta_boot, base_E=math.exp(-3), lo_phi=0.5):
+    """A CaseStudy with two fake fits whose paired bootstrap differences are `delta_boot`."""
+    import numpy as np
+
+    from looped.case_studies import CaseStudy
+    from looped.fit import LO, FitResult
+    cells = pd.DataFrame({"budget": [1e11, 1e11, 3e11], "r": [1, 2, 2]})
+
+    def fake(phi, E, boot_phi):
+        res = FitResult(A=5.0, alpha=0.2, B=100.0, beta=0.3, E=E, phi=phi, r2=0.95, huber=1e-3, n_runs=3,
+                        restarts=1)
+        res.theta = np.array([np.log(5.0), 0.2, np.log(100.0), 0.3, np.log(E), phi])
+        res.boot_samples = np.zeros((len(boot_phi), 6))
+        res.boot_samples[:, 5] = boot_phi
+        res.ci = {"phi": (lo_phi, phi + 0.2)}
+        return res
+
+    base = fake(1.0, base_E, np.full(len(delta_boot), 1.0))
+    var = fake(1.0 + float(np.median(delta_boot)), 1.8, 1.0 + np.asarray(delta_boot))
+    var.ci = {"phi": (float(LO[5]), 1.5)}
+    return CaseStudy(name="variant", budgets=[1e11, 3e11], baseline_runs=cells, variant_runs=cells,
+                     baseline=base, variant=var)
+
+
+def test_case_study_texts_follow_the_numbers():
+    from looped import case_studies
+    cs = _case_study([-0.4, -0.2, -0.1, 0.3])                      # negative change, interval contains zero
+    assert case_studies.reproduced(cs, paper_delta=+0.19).startswith("no (opposite sign")
+    assert case_studies.reproduced(cs, paper_delta=-0.07) == "direction only (interval contains 0)"
+    notes = " ".join(case_studies.edge_notes(cs))
+    assert "E at the lower edge" in notes and "lower end of the variant fit's φ interval" in notes
+    text = case_studies.verdict(cs, paper_delta=-0.07)
+    assert "$" not in text and "contains zero" in text and "bound, not an estimate" in text
+    cells = pd.DataFrame({"r": [2, 2, 8, 8], "delta": [-0.02, -0.04, -0.10, -0.12]})
+    reading = case_studies.cells_vs_phi(cells, cs, "variant")
+    assert "4 of 4 cells" in reading and "grows with r" in reading and "points the other way" in reading
+    assert case_studies.reproduced(_case_study([-0.3, -0.2, -0.1, -0.05]), paper_delta=-0.07) == "yes"
+    bumpy = pd.DataFrame({"r": [2, 4, 8], "delta": [-0.057, -0.141, -0.077]})
+    assert "does not change steadily with r (it is largest at r = 4)" in case_studies.cells_vs_phi(bumpy, cs, "variant")
