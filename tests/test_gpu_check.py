@@ -34,7 +34,7 @@ def test_gpu_check_runs_end_to_end_on_the_cpu(tmp_path):
         assert t["status"] == "ok" and t["tokens_per_s"] > 0 and t["predicted_peak_bytes"] > 0
     train = phases["train"]
     assert train["status"] == "ok" and train["stopped_at"] == 10 and train["checkpoint_bytes"] > 0
-    assert train["loss_fall"] > 0.05 and res["elapsed_s"] < 60
+    assert train["loss_fall"] > 0.05  # (its duration is not asserted: this machine is shared)
 
 
 def test_gpu_check_budget_guard_skips_phases(tmp_path):
