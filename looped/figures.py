@@ -12,7 +12,7 @@ from functools import lru_cache
 
 from .config import model_config
 from .paper import PAPER_PHI, PAPER_PHI_CI, R_VALUES
-from .tables import eng
+from .tables import eng, power_of_ten
 
 # one colour per r (colour-blind safe, Okabe-Ito): the plain model dark grey, looped models
 # blue, green, vermillion in order of r
@@ -220,7 +220,7 @@ def plot_iso_flop_curves(table, axes=None, min_runs: int = 3, unit: str = "nats"
         ax.set_xlabel("unique non-embedding params N")
         ax.grid(alpha=0.3, which="both")
     axes[0].set_ylabel(f"final validation loss ({unit})")
-    handles = [Line2D([], [], color=c, marker="o", ls="-", label=f"C = {b:.3g} FLOPs") for b, c in colors.items()]
+    handles = [Line2D([], [], color=c, marker="o", ls="-", label=f"C = {power_of_ten(b)} FLOPs") for b, c in colors.items()]
     handles += [Line2D([], [], color="0.5", marker="*", ms=12, mec="black", ls="", label="parabola vertex (inside)"),
                 Line2D([], [], color="black", marker="x", ms=8, ls="", label="best run (vertex outside)")]
     axes[-1].legend(handles=handles, fontsize=LEGEND_FONTSIZE, loc="best")
@@ -299,7 +299,7 @@ def _scatter_by_r_and_budget(ax, runs, x, y, marks):
     for r in sorted(runs["r"].unique()):
         ax.scatter([], [], color=r_color(r), marker="o", label=f"r = {int(r)}")
     for b, m in marks.items():
-        ax.scatter([], [], color="0.4", marker=m, label=f"C = {b:.2g} FLOPs")
+        ax.scatter([], [], color="0.4", marker=m, label=f"C = {power_of_ten(b)} FLOPs")
 
 
 def plot_residuals(ax, res, runs, title: str | None = None):
@@ -339,7 +339,7 @@ def plot_predicted_vs_observed(ax, res, runs, title: str | None = None):
     ax.set_aspect("equal")
     ax.set_xlabel("predicted loss (nats/token)")
     ax.set_ylabel("observed validation loss (nats/token)")
-    ax.legend(fontsize=LEGEND_FONTSIZE, loc="upper left")
+    ax.legend(fontsize=LEGEND_FONTSIZE, loc="lower right")   # below the diagonal: no points there
     if title:
         ax.set_title(title, fontsize=10)
     return ax
@@ -404,9 +404,11 @@ def plot_minima_laws(axes, minima_runs, laws: dict, budgets=None):
 
 
 def plot_case_study_isoflop(axes, baseline_runs, variant_runs, label: str, r_values=(2, 4, 8),
-                            baseline_label: str = "linear injection, full backprop"):
+                            baseline_label: str = "linear injection, full backprop", legend_ax=None):
     """Iso-FLOP curves, one panel per r: final loss against unique non-embedding parameters for
-    every budget, the case study (solid, filled) beside the baseline runs (dashed, open)."""
+    every budget, the case study (solid, filled) beside the baseline runs (dashed, open).  The
+    legend goes into ``legend_ax`` (e.g. the spare panel of a 2x2 grid, switched off) when given,
+    else to the right of the last panel."""
     import numpy as np
     budgets = sorted(set(baseline_runs["budget"].astype(float)) | set(variant_runs["budget"].astype(float)))
     colors = budget_colors(budgets)
@@ -429,11 +431,15 @@ def plot_case_study_isoflop(axes, baseline_runs, variant_runs, label: str, r_val
         if spec is None or spec.is_first_col():
             ax.set_ylabel("final validation loss (nats/token)")
     handles = [axes[0].plot([], [], color=colors[c], marker="o", ls="-")[0] for c in budgets]
-    labels = [f"C = {c:.3g} FLOPs" for c in budgets]
+    labels = [f"C = {power_of_ten(c)} FLOPs" for c in budgets]
     handles += [axes[0].plot([], [], color="0.3", marker="o", ls="-")[0],
                 axes[0].plot([], [], color="0.3", marker="o", mfc="none", ls="--")[0]]
     labels += [label, baseline_label]
-    axes[-1].legend(handles, labels, fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    if legend_ax is not None:
+        legend_ax.axis("off")
+        legend_ax.legend(handles, labels, fontsize=LEGEND_FONTSIZE + 1, loc="center")
+    else:
+        axes[-1].legend(handles, labels, fontsize=LEGEND_FONTSIZE, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     return axes
 
 
