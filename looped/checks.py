@@ -20,9 +20,17 @@ measured values without judging them.
 """
 from __future__ import annotations
 
+import json
 import math
+import os
+from pathlib import Path
 
-__all__ = ["ReferenceMismatch", "compare", "near", "tolerance_text"]
+from .config import REPO
+
+__all__ = ["ReferenceMismatch", "compare", "checked", "near", "tolerance_text"]
+
+REFERENCE_DIR = REPO / "book" / "checked"   # one JSON of reference values per chapter
+RECORD_ENV = "LOOPED_RECORD_CHECKS"          # "1": record the measured values as the references
 
 
 class ReferenceMismatch(AssertionError):
@@ -100,3 +108,37 @@ def compare(measured: dict, reference: dict, active: bool = True) -> str:
     if bad:
         raise ReferenceMismatch("; ".join(bad))
     return "\n".join(lines)
+
+
+def checked(key: str, measured: dict, tolerances: dict, active: bool = True) -> str:
+    """`compare` against reference values recorded with the chapter, not typed into it.
+
+    ``key`` is ``"chapter/cell"``; the references live in ``book/checked/<chapter>.json``.  When
+    the chapter's notebook is regenerated (`make notebooks` sets ``LOOPED_RECORD_CHECKS=1``) the
+    measured values (6 significant digits) are recorded as the new references, exactly as the
+    notebook's other outputs become its new nbval references; every later run (nbval, the book)
+    checks against them with ``tolerances`` (name -> absolute tolerance, or '5%').  With
+    ``active=False`` nothing is recorded or judged.
+    """
+    chapter, _, cell = key.partition("/")
+    if not chapter or not cell:
+        raise ValueError(f"a check key is 'chapter/cell', got {key!r}")
+    path = REFERENCE_DIR / f"{chapter}.json"
+    store = json.loads(path.read_text()) if path.exists() else {}
+    if active and os.environ.get(RECORD_ENV) == "1":
+        store[cell] = {k: _rounded(measured[k]) for k in tolerances}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(store, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+    if not active:
+        return compare(measured, {k: (math.nan, tol) for k, tol in tolerances.items()}, active=False)
+    if cell not in store or set(tolerances) - set(store[cell]):
+        raise ReferenceMismatch(f"no recorded reference for {key} ({Path(path).name}); regenerate the "
+                                "chapter's notebook with `make notebooks`")
+    return compare(measured, {k: (store[cell][k], tol) for k, tol in tolerances.items()})
+
+
+def _rounded(value) -> float:
+    v = float(value)
+    return v if not math.isfinite(v) else float(f"{v:.6g}")

@@ -117,3 +117,23 @@ def test_torch_checked_cells_with_default_cpu_capability(chapter, tmp_path):
     args = () if stop is None else ("--stop-after", str(stop))
     got = _replay(chapter, tmp_path, *args, env={"ATEN_CPU_CAPABILITY": "default"})
     _assert_same(chapter, got, "ATEN_CPU_CAPABILITY=default")
+
+
+def test_checked_records_then_checks_against_the_recorded_reference(tmp_path, monkeypatch):
+    monkeypatch.setattr(checks, "REFERENCE_DIR", tmp_path)
+    tol = {"phi": 0.01, "A": "5%"}
+    monkeypatch.setenv(checks.RECORD_ENV, "1")
+    recorded = checks.checked("04_fit/joint", {"phi": 0.4391234567, "A": 28.0, "other": 1.0}, tol)
+    assert json.loads((tmp_path / "04_fit.json").read_text()) == {"joint": {"phi": 0.439123, "A": 28.0}}
+    monkeypatch.delenv(checks.RECORD_ENV)
+    # another machine: the value moved by less than the tolerance, the text is the same
+    assert checks.checked("04_fit/joint", {"phi": 0.4352, "A": 28.9}, tol) == recorded
+    assert recorded.splitlines() == ["phi  within 0.01 of the reference 0.439123",
+                                     "A    within 5% of the reference 28"]
+    with pytest.raises(checks.ReferenceMismatch, match="phi = 0.46"):
+        checks.checked("04_fit/joint", {"phi": 0.46, "A": 28.0}, tol)   # a regression fails the cell
+    with pytest.raises(checks.ReferenceMismatch, match="make notebooks"):
+        checks.checked("04_fit/halves", {"phi": 0.4}, {"phi": 0.01})    # never recorded
+    assert "no reference" in checks.checked("04_fit/joint", {"phi": 0.9, "A": 1.0}, tol, active=False)
+    with pytest.raises(ValueError):
+        checks.checked("joint", {"phi": 0.4}, {"phi": 0.01})
