@@ -367,3 +367,21 @@ def learning_rate_summary(studies=("paper-main", "cpu-main")):
             rows.append({"study": study, "budget": f"{budget:.3g}",
                          **{k: span(g[k], lambda v: f"{v:.4f}") for k in ("matrix", "embedding", "head", "norm")}})
     return pd.DataFrame(rows)
+
+
+def phi_profile(runs, phis=None, restarts: int = 100, seed: int = 0):
+    """How well the data pin phi down: the law refitted with phi held at each value of `phis`
+    (the other five parameters free), one row per value with the fit's Huber objective, its
+    ratio to the lowest objective of the profile, and R^2.  A flat profile means the data hardly
+    prefer one phi over another; a narrow valley means phi is well identified."""
+    import pandas as pd
+
+    from .fit import fit
+    phis = np.linspace(-0.5, 1.5, 21) if phis is None else np.asarray(phis, float)
+    rows = []
+    for v in phis:
+        res = fit(runs, restarts=restarts, seed=seed, fix={"phi": float(v)})
+        rows.append({"phi": float(v), "huber": float(res.huber), "r2": float(res.r2)})
+    out = pd.DataFrame(rows)
+    out["relative"] = out["huber"] / out["huber"].min()
+    return out

@@ -555,3 +555,20 @@ def plot_compute_optimal(axes, frontier, minima=None, paper_gaps=None, budget_ra
     axes[0].legend(fontsize=LEGEND_FONTSIZE, ncol=2, loc="upper left")
     axes[3].legend(fontsize=LEGEND_FONTSIZE, loc="upper right")
     return axes
+
+
+def plot_phi_profile(ax, profiles: dict, marks: dict | None = None):
+    """Fit objective against a fixed phi (`looped.analysis.phi_profile`), one curve per data set
+    (``profiles``: label -> profile table), each relative to its own minimum; ``marks``: label ->
+    (value, lo, hi) drawn as a point with an interval at the bottom (e.g. the paper's estimate)."""
+    colors = [OURS_COLOR, "0.35", "#8172b3", "#937860"]
+    for (label, prof), c in zip(profiles.items(), colors):
+        ax.plot(prof["phi"], prof["relative"], "o-", ms=3.5, lw=1.5, color=c, label=label)
+    for label, (v, lo, hi) in (marks or {}).items():
+        ax.axvspan(lo, hi, color=PAPER_COLOR, alpha=0.15, lw=0)
+        ax.axvline(v, color=PAPER_COLOR, lw=1.5, ls="--", label=label)
+    ax.axhline(1.0, color="0.6", lw=0.6)
+    ax.set_xlabel("φ held fixed")
+    ax.set_ylabel("Huber objective / its minimum")
+    ax.legend(fontsize=LEGEND_FONTSIZE)
+    return ax

@@ -100,3 +100,19 @@ def test_case_study_texts_follow_the_numbers():
     assert case_studies.reproduced(_case_study([-0.3, -0.2, -0.1, -0.05]), paper_delta=-0.07) == "yes"
     bumpy = pd.DataFrame({"r": [2, 4, 8], "delta": [-0.057, -0.141, -0.077]})
     assert "does not change steadily with r (it is largest at r = 4)" in case_studies.cells_vs_phi(bumpy, cs, "variant")
+
+
+def test_phi_profile_has_its_minimum_near_the_fitted_phi(tmp_path):
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from looped import analysis
+    from looped.paper import PAPER_DIR, runs_from_minima
+    minima = runs_from_minima(PAPER_DIR / "compute_optimal_minima.csv")
+    prof = analysis.phi_profile(minima, phis=np.array([0.0, 0.45, 1.0]), restarts=20)
+    assert list(prof.columns) == ["phi", "huber", "r2", "relative"]
+    assert prof.loc[prof["huber"].idxmin(), "phi"] == 0.45 and prof["relative"].min() == 1.0
+    fig, ax = plt.subplots()
+    figures.plot_phi_profile(ax, {"minima": prof}, marks={"paper": (0.459, 0.41, 0.53)})
+    fig.savefig(tmp_path / "p.png")
+    plt.close(fig)
