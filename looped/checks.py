@@ -29,6 +29,14 @@ from .config import REPO
 
 __all__ = ["ReferenceMismatch", "compare", "checked", "near", "tolerance_text"]
 
+# Tolerances of fitted laws: how far a number may move on another machine (another BLAS kernel,
+# another summation order) without a change in the code or the data.  Bootstrap percentiles of
+# ill-conditioned parameters (A, B) move most; a changed formula or a lost run moves far more.
+FIT_POINT = {"A": "10%", "alpha": 0.01, "B": "10%", "beta": 0.01, "E": 0.02, "phi": 0.01, "r2": 1e-4}
+FIT_INTERVAL = {f"{p}_{end}": tol for p, tol in (("A", "20%"), ("alpha", 0.03), ("B", "20%"), ("beta", 0.03),
+                                                 ("E", 0.1), ("phi", 0.03)) for end in ("lo", "hi")}
+PER_R_FIT = {"A": "10%", "alpha": 0.02, "B": "10%", "beta": 0.02, "E": 0.05, "r2": 1e-3}  # 5-parameter fits of few runs
+
 REFERENCE_DIR = REPO / "book" / "checked"   # one JSON of reference values per chapter
 RECORD_ENV = "LOOPED_RECORD_CHECKS"          # "1": record the measured values as the references
 
