@@ -7,7 +7,7 @@ the models are far from the token-frequency floor (the unigram entropy), the lea
 transferred by HyperP is close to the best one at the reference width, and the fit's residuals
 are compared with the loss spread that seeds alone produce.  These functions read the pilot,
 LR-sweep and seed-noise studies (`looped sweep prose-pilot`, `prose-lr`, `prose-seeds`) and
-return one small table per question; chapter 3 shows them.
+return one small table per question; the sweep chapter of the book shows them.
 """
 from __future__ import annotations
 
