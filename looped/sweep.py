@@ -36,6 +36,10 @@ STUDIES = {
     "prose-lr": ("prose", "lr", "prose"),
     "prose-seeds": ("prose", "seeds", "prose"),
     "prose-batch": ("prose", "batch", "prose"),
+    # The CPU study in the law's regime (runs/prose_grids.csv); renamed cpu-* once complete.
+    "prose-main": ("prose", "main", "prose"),
+    "prose-truncated": ("prose", "truncated_bptt", "prose"),
+    "prose-hyper": ("prose", "hyperconnections", "prose"),
 }
 
 
