@@ -49,7 +49,7 @@ def test_closed_forms():
 
 def test_r1_training_tokens():
     """Exact (to the printed 2 decimals) at 4.64e17; at 1e18-2.15e18 the paper's D column sits
-    0-2.6% below steps * 262144 (paper-facts 3: the formula is what the code runs), never above."""
+    0-2.6% below steps * 262144 (the formula is what the authors' code runs; Table 6), never above."""
     table = pd.read_csv(PAPER / "r1_training_tokens.csv")
     table = table[table.budget_flops <= 2.15e18]
     assert len(table) >= 10

@@ -1,4 +1,4 @@
-"""Tests of the optimizers and learning-rate rules of paper-facts section 4."""
+"""Tests of the optimizers and learning-rate rules (the paper's training recipe, Section 4)."""
 import copy
 
 import pytest
