@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -398,7 +399,11 @@ def main(argv=None) -> int:
     d.add_argument("--gpus", type=int, default=1, help="data-parallel GPUs per run (torchrun)")
     d.add_argument("--timing-from", nargs="+", default=None, metavar="DIR",
                    help="CPU estimate: fit the wall-time model to the finished runs in these folders "
-                        "(default: the study's own folder; with fewer than 4, assume --mfu)")
+                        "(default: the study's own folder; with fewer than 4, every fast-path run of the "
+                        "same preset under runs/; with none, assume --mfu)")
+    d.add_argument("--processes", type=int, default=os.cpu_count() or 1,
+                   help="CPU estimate: also give the wall time with the study split over this many "
+                        "processes, one per core (default: this machine's cores)")
     sl = ap.add_argument_group("SLURM job array")
     sl.add_argument("--slurm", type=int, default=None, metavar="N",
                     help="write an sbatch job-array script of N tasks (task i runs --shard i/N) instead of running")
@@ -510,20 +515,60 @@ def _dry_run(a, runs: list[Run], out: Path, i: int, n: int) -> int:
               f"(peak memory predicted by looped.memory, eager bf16)")
         return 0
     from .train import matmul_peak
-    device = torch.device("cpu")
+    peak = matmul_peak(torch.device("cpu"), torch.float32)
     mfu = a.mfu if a.mfu is not None else 0.3
-    peak = matmul_peak(device, torch.float32)
-    sources = [Path(p) for p in (a.timing_from or [out])]
-    finished = pd.concat([read_records(p) for p in sources if p.is_dir()] or [pd.DataFrame(columns=COLUMNS)])
-    timing = time_model(finished)
-    table = plan(mine, peak, mfu, timing)
-    table["done"] = [record_status(out / f"{rid}.json") or "" for rid in table.run_id]
+    est = cpu_estimate(mine, out, peak, mfu, timing_from=a.timing_from, processes=a.processes if n == 1 else 1)
+    table = est["table"]
     with pd.option_context("display.max_rows", 1000, "display.width", 200):
         print(table.drop(columns=["n_once", "n_rec"]).to_string(index=False, float_format="%.4g"))
-    todo = table[~table.done.isin(["ok", "diverged"])]
-    basis = (f"{timing[0] * 1e3:.0f} ms/step + {timing[1] * 1e12:.1f} s/TFLOP fitted to {len(finished)} "
-             f"finished runs in {', '.join(map(str, sources))}" if timing else
-             f"{mfu:.0%} of the measured {peak / 1e9:.0f} GFLOP/s matmul peak ({device.type})")
-    print(f"\n{len(table)} runs ({len(todo)} to do), {table.flops_per_token.astype(float).mul(table.tokens.astype(float)).sum():.3g} FLOPs; "
-          f"estimated {todo.est_seconds.sum() / 3600:.2f} h left at {basis}")
+    wall = (f"; {est['hours_wall']:.2f} h wall on {a.processes} processes (--shard i/{a.processes})"
+            if n == 1 and a.processes > 1 else "")
+    print(f"\n{len(table)} runs ({est['todo']} to do), {est['flops']:.3g} FLOPs; estimated "
+          f"{est['hours']:.2f} h left on one process{wall}, at {est['basis']}")
     return 0
+
+
+def fast_path_records(preset: str, runs_root: str | Path | None = None) -> pd.DataFrame:
+    """Finished fast-path runs of `preset` in every study folder under runs/: the measured speed
+    a new study's dry run is timed with before it has finished runs of its own (records copied
+    from another study are skipped, so no run counts twice)."""
+    rows = []
+    for path in sorted(Path(runs_root or REPO / "runs").glob("*/*.json")):
+        try:
+            rec = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if (isinstance(rec, dict) and rec.get("preset") == preset and rec.get("compile")
+                and rec.get("status") == "ok" and "copied_from" not in rec):
+            rows.append({c: rec.get(c) for c in COLUMNS})
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def cpu_estimate(runs: list[Run], out: str | Path, peak_flops: float, mfu: float = 0.3,
+                 timing_from=None, processes: int = 1) -> dict:
+    """How long the unfinished `runs` take on this CPU: wall seconds = a * steps + b * FLOPs,
+    fitted to finished runs (`timing_from` folders; else the study's own folder once it has 4;
+    else every fast-path run of the same preset under runs/), or `mfu` of `peak_flops` without
+    any.  `hours_wall` is the longest of `processes` round-robin shards, as `--shard i/P` splits
+    the study over one process per core."""
+    out = Path(out)
+    if timing_from:
+        sources = [Path(p) for p in timing_from]
+        finished = pd.concat([read_records(p) for p in sources if p.is_dir()] or [pd.DataFrame(columns=COLUMNS)])
+        where = ", ".join(map(str, sources))
+    else:
+        finished = read_records(out) if out.is_dir() else pd.DataFrame(columns=COLUMNS)
+        where = str(out)
+        if time_model(finished) is None and runs:
+            finished, where = fast_path_records(runs[0].preset), f"the {runs[0].preset} preset's fast-path runs under runs/"
+    timing = time_model(finished)
+    table = plan(runs, peak_flops, mfu, timing)
+    table["done"] = [record_status(out / f"{rid}.json") or "" for rid in table.run_id]
+    left = table.est_seconds.where(~table.done.isin(["ok", "diverged"]), 0.0)
+    shards = [left.iloc[k::processes].sum() for k in range(max(1, processes))]
+    basis = (f"{timing[0] * 1e3:.0f} ms/step + {timing[1] * 1e12:.1f} s/TFLOP fitted to {len(finished)} "
+             f"finished runs ({where})" if timing else
+             f"{mfu:.0%} of the measured {peak_flops / 1e9:.0f} GFLOP/s matmul peak")
+    return {"table": table, "todo": int((left > 0).sum()), "hours": float(left.sum()) / 3600,
+            "hours_wall": max(shards) / 3600, "basis": basis, "timing": timing,
+            "flops": float(table.flops_per_token.astype(float).mul(table.tokens.astype(float)).sum())}

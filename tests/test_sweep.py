@@ -417,3 +417,34 @@ def test_slurm_array_runs_locally_to_the_full_study(grid_csv, tmp_path):
     assert all(r["status"] == "ok" and r["train"]["compile"] is False for r in recs.values())
     missing = subprocess.run(["bash", str(script)], env=env1(), capture_output=True, text=True)
     assert missing.returncode != 0 and "SLURM_ARRAY_TASK_ID" in missing.stderr
+
+
+def test_cpu_estimate_times_a_new_study_with_the_presets_fast_path_runs(tmp_path, monkeypatch):
+    """A study with no finished runs is timed from every fast-path record of its preset under
+    runs/ (copies and eager runs excluded); the wall time on P processes is the longest of the
+    P round-robin shards, as `--shard i/P` splits it."""
+    from looped.train import atomic_write_json
+    runs = sweep.load_study("prose-main")[:6]
+    root = tmp_path / "runs"
+    for k, run in enumerate(sweep.load_study("prose-pilot")):  # wall = 0.2 s/step + 1e-10 s/FLOP
+        s = accounting.summary(run.model_config(), run.budget, run.tokens_per_step)
+        rec = {"run_id": run.run_id, "status": "ok", "preset": "prose", "compile": True, "steps": s["steps"],
+               "tokens": s["tokens"], "flops_per_token": s["flops_per_token"],
+               "wall_seconds": 0.2 * s["steps"] + 1e-10 * s["flops_per_token"] * s["tokens"]}
+        atomic_write_json(root / "pilot" / f"{run.run_id}.json", rec)
+        # an eager run and a copied record must not count
+        atomic_write_json(root / "eager" / f"{run.run_id}.json", {**rec, "compile": False, "wall_seconds": 1.0})
+        atomic_write_json(root / "copy" / f"{run.run_id}.json", {**rec, "copied_from": "x", "wall_seconds": 1.0})
+    found = sweep.fast_path_records("prose", root)
+    assert len(found) == len(sweep.load_study("prose-pilot"))
+    monkeypatch.setattr(sweep, "fast_path_records", lambda preset, orig=sweep.fast_path_records: orig(preset, root))
+    est = sweep.cpu_estimate(runs, tmp_path / "runs" / "new", peak_flops=1e9, processes=2)
+    assert est["timing"] == pytest.approx((0.2, 1e-10), rel=1e-6)
+    secs = est["table"].est_seconds
+    assert est["hours"] == pytest.approx(secs.sum() / 3600)
+    assert est["hours_wall"] == pytest.approx(max(secs.iloc[0::2].sum(), secs.iloc[1::2].sum()) / 3600)
+    assert est["todo"] == len(runs) and "fast-path" in est["basis"]
+    # without any timing source it falls back to the assumed MFU of the peak
+    bare = sweep.cpu_estimate(runs, tmp_path / "none", peak_flops=1e9, mfu=0.5,
+                              timing_from=[str(tmp_path / "empty")])
+    assert bare["timing"] is None and "50% of the measured" in bare["basis"]
