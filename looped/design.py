@@ -67,6 +67,53 @@ def seed_spread(study: str = "prose-seeds", runs_dir=None) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def same_runs_compared(study: str = "prose-pilot", other: str = "prose-batch", runs_dir=None,
+                       other_dir=None) -> pd.DataFrame:
+    """The final losses of the configurations (budget, r, s) that two studies share, side by side:
+    how much one setting that differs between them (here the tokens per step) moves the loss,
+    and whether it moves every width alike (if not, it moves the iso-FLOP optimum too)."""
+    keys = ["budget", "r", "s", "d_model"]
+    a, b = _ok_records(study, runs_dir), _ok_records(other, other_dir)
+    if a.empty or b.empty:
+        return pd.DataFrame(columns=keys + [study, other, "difference"])
+    both = a[keys + ["loss"]].merge(b[keys + ["loss"]], on=keys, suffixes=("_a", "_b"))
+    both = both.rename(columns={"loss_a": study, "loss_b": other})
+    both["difference"] = both[other] - both[study]
+    both[["r", "d_model"]] = both[["r", "d_model"]].astype(int)
+    return both.sort_values(keys).reset_index(drop=True)
+
+
+def grid_shape(study: str = "prose-main") -> pd.DataFrame:
+    """Per budget of a study's grid: the widths d_model trained, the recurrences, the number of
+    runs and their FLOPs (what `looped sweep STUDY --dry-run` lists run by run)."""
+    from .sweep import load_study
+    rows = {}
+    for run in load_study(study):
+        row = rows.setdefault(run.budget, {"budget": run.budget, "widths": set(), "r": set(), "runs": 0})
+        row["widths"].add(run.model_config().d_model)
+        row["r"].add(run.r)
+        row["runs"] += 1
+    return pd.DataFrame([{**row, "widths": ", ".join(map(str, sorted(row["widths"]))),
+                          "r": ", ".join(map(str, sorted(row["r"]))), "flops": row["budget"] * row["runs"]}
+                         for _, row in sorted(rows.items())])
+
+
+def study_cost(studies=("prose-main", "prose-truncated", "prose-hyper"), processes: int = 2) -> pd.DataFrame:
+    """Estimated hours of each study on this machine's CPU: `sweep.cpu_estimate`, i.e. wall time
+    fitted to the finished fast-path runs of the same preset, on one process and split over
+    `processes` (one per core), for the runs not yet recorded."""
+    from .config import REPO
+    from .sweep import cpu_estimate, load_study
+    rows = []
+    for study in studies:
+        runs = load_study(study)
+        est = cpu_estimate(runs, REPO / "runs" / study, peak_flops=float("nan"), processes=processes)
+        rows.append({"study": study, "runs": len(runs), "to_do": est["todo"], "flops": est["flops"],
+                     "hours_one_process": est["hours"], f"hours_on_{processes}_processes": est["hours_wall"],
+                     "timed_from": est["basis"]})
+    return pd.DataFrame(rows)
+
+
 def _ok_records(study: str, runs_dir=None) -> pd.DataFrame:
     from pathlib import Path
 
@@ -75,7 +122,7 @@ def _ok_records(study: str, runs_dir=None) -> pd.DataFrame:
     folder = REPO / "runs" / study if runs_dir is None else Path(runs_dir)
     rec = read_records(folder) if folder.is_dir() else pd.DataFrame(columns=COLUMNS)
     rec = rec[rec.status == "ok"].copy()
-    for col in ("loss", "budget", "s", "lr_scale"):
+    for col in ("loss", "budget", "s", "lr_scale", "d_model", "r"):
         if col in rec:
             rec[col] = rec[col].astype(float)
     if "seed" in rec:

@@ -77,3 +77,28 @@ def test_grid_batch_column_names_and_trains_the_run():
     assert run_id(tc) == runs[0].run_id
     plan = sweep.plan(runs, peak_flops=1e9, mfu=0.5)
     assert (plan.tokens / plan.steps == 4096).all()
+
+
+def test_same_runs_compared_pairs_shared_configurations(tmp_path):
+    for run in sweep.load_study("prose-pilot"):
+        write(tmp_path / "a", run, 4.0 + run.s / 100)
+    for run in sweep.load_study("prose-batch"):  # 3e12 only, the pilot's widths, 4096 tokens/step
+        write(tmp_path / "b", run, 4.1 + run.s / 50)
+    table = design.same_runs_compared("prose-pilot", "prose-batch", tmp_path / "a", tmp_path / "b")
+    assert len(table) == 8 and (table.budget == 3e12).all()
+    assert table.difference.tolist() == pytest.approx([0.1 + s / 100 for s in table.s])
+    assert design.same_runs_compared("prose-pilot", "prose-batch", tmp_path / "a", tmp_path / "none").empty
+
+
+def test_grid_shape_and_the_main_study_meets_the_design_rules():
+    """The committed prose-main grid: >= 4 budgets over >= 10x, >= 4 widths of d >= 16 (two heads
+    of 8) per budget, all four r, >= 64 runs; case studies on the lower two budgets."""
+    shape = design.grid_shape("prose-main")
+    assert len(shape) >= 4 and shape.budget.max() / shape.budget.min() >= 10
+    assert shape.runs.sum() >= 64 and (shape.r == "1, 2, 4, 8").all()
+    for widths in shape.widths:
+        d = [int(x) for x in widths.split(", ")]
+        assert len(d) >= 4 and min(d) >= 16 and all(x % 8 == 0 for x in d)
+    for study in ("prose-truncated", "prose-hyper"):
+        case = design.grid_shape(study)
+        assert list(case.budget) == list(shape.budget[:2]) and (case.r == "2, 4, 8").all()
