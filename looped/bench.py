@@ -33,10 +33,9 @@ def measure_train(preset: str = "cpu", sizes=(6, 32, 64), r_values=(1, 4), steps
     """
     import torch
 
-    from . import accounting, optim
+    from . import accounting
     from .config import get_preset, model_config
-    from .model import LoopedGPT
-    from .train import fast_model, matmul_peak
+    from .train import matmul_peak
 
     unknown = set(paths) - set(PATHS)
     if unknown:
@@ -55,25 +54,7 @@ def measure_train(preset: str = "cpu", sizes=(6, 32, 64), r_values=(1, 4), steps
     for cfg in configs:
         f = accounting.flops_per_token(cfg)
         for path in paths:
-            fast = path == "fast"
-            torch.manual_seed(0)
-            raw = LoopedGPT(cfg).to(device)
-            model = fast_model(raw) if fast else raw
-            opts = optim.build_optimizers(raw, cfg, p.batch_tokens, 10 * p.batch_tokens, fast=fast)
-            x = torch.randint(0, cfg.vocab_size, (B, cfg.seq_len + 1), device=device)
-
-            def step():
-                total = torch.zeros((), device=device)
-                for a in range(0, B, micro):
-                    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-                        loss = model(x[a:a + micro, :-1], x[a:a + micro, 1:]) * (micro / B)
-                    loss.backward()
-                    total += loss.detach()
-                for o in opts:
-                    o.step()
-                    o.zero_grad(set_to_none=True)
-                return total.item()  # the trainer's one host sync per step
-
+            step = training_step(cfg, p, path == "fast", device, micro)
             t0 = time.perf_counter()
             for _ in range(warmup):
                 step()
@@ -90,6 +71,76 @@ def measure_train(preset: str = "cpu", sizes=(6, 32, 64), r_values=(1, 4), steps
                          "tokens_per_s": tok_s, "gflops_per_s": tok_s * f / 1e9, "mfu": tok_s * f / peak,
                          "warmup_s": warm})
     return rows, peak
+
+
+def training_step(cfg, p, fast: bool, device, micro: int):
+    """One training step of `cfg` as the trainer takes it (forward and backward over the step's
+    rows in micro-batches, MuonH + AdamW, one host sync), on fixed random tokens, seed 0: the
+    eager reference (`fast=False`) or the fast path."""
+    import torch
+
+    from . import optim
+    from .model import LoopedGPT
+    from .train import fast_model
+    B = p.batch_tokens // p.seq_len
+    torch.manual_seed(0)
+    raw = LoopedGPT(cfg).to(device)
+    model = fast_model(raw) if fast else raw
+    opts = optim.build_optimizers(raw, cfg, p.batch_tokens, 10 * p.batch_tokens, fast=fast)
+    x = torch.randint(0, cfg.vocab_size, (B, cfg.seq_len + 1), device=device)
+
+    def step():
+        total = torch.zeros((), device=device)
+        for a in range(0, B, micro):
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+                loss = model(x[a:a + micro, :-1], x[a:a + micro, 1:]) * (micro / B)
+            loss.backward()
+            total += loss.detach()
+        for o in opts:
+            o.step()
+            o.zero_grad(set_to_none=True)
+        return total.item()  # the trainer's one host sync per step
+    return step
+
+
+# torch.profiler operator names -> what they are, for the share of a step each part takes
+PROFILE_PARTS = (("attention", ("scaled_dot_product", "flash_attention", "_efficient_attention")),
+                 ("matrix multiplies", ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm")),
+                 ("fused elementwise (inductor kernels)", ("CompiledFxGraph", "triton_")))
+
+
+def profile_step(preset: str = "prose", s: float = 4, r: int = 1, fast: bool = True, steps: int = 3,
+                 warmup: int = 3) -> dict:
+    """Where one training step's time goes: torch.profiler's self time per operator over `steps`
+    steps (after `warmup`), summed into `PROFILE_PARTS` and "other" (optimizer bookkeeping,
+    copies, Python).  Returns the shares, ms per step and the top operators' table."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from .config import get_preset, model_config
+    p = get_preset(preset)
+    cfg = model_config(p, r=int(r), s=float(s))
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    step = training_step(cfg, p, fast, device, p.batch_tokens // p.seq_len)
+    for _ in range(warmup):
+        step()
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    t0 = time.perf_counter()
+    with profile(activities=acts) as prof:
+        for _ in range(steps):
+            step()
+    seconds = (time.perf_counter() - t0) / steps
+    events = prof.key_averages()
+    attr = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    parts = {name: 0.0 for name, _ in PROFILE_PARTS} | {"other": 0.0}
+    for e in events:
+        name = next((n for n, keys in PROFILE_PARTS if any(k in e.key for k in keys)), "other")
+        parts[name] += getattr(e, attr, 0.0) or 0.0
+    total = sum(parts.values()) or 1.0
+    return {"preset": preset, "s": float(s), "r": int(r), "d_model": cfg.d_model, "path": "fast" if fast else "eager",
+            "threads": torch.get_num_threads(), "ms_per_step": seconds * 1e3,
+            "shares": {k: v / total for k, v in parts.items()},
+            "table": events.table(sort_by=attr, row_limit=12)}
 
 
 def speedups(rows) -> dict[tuple[float, int], float]:
@@ -148,13 +199,45 @@ def bench_train(argv) -> int:
     return 0
 
 
+def bench_profile(argv) -> int:
+    """`looped bench profile`: the share of a training step each part takes (see profile_step)."""
+    import torch
+
+    from .config import ConfigError
+    ap = argparse.ArgumentParser(prog="looped bench profile")
+    ap.add_argument("--preset", default="prose")
+    ap.add_argument("--s", type=float, default=4, help="width knob (prose: d = 8 s)")
+    ap.add_argument("--r", type=int, default=1)
+    ap.add_argument("--path", choices=PATHS, default="fast")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    ap.add_argument("--json", default=None, help="also write the shares and the operator table here")
+    a = ap.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    try:
+        out = profile_step(a.preset, a.s, a.r, a.path == "fast", a.steps)
+    except (ConfigError, ValueError) as e:
+        print(f"looped bench profile: error: {e}", file=sys.stderr)
+        return 2
+    print(out["table"])
+    print(f"{a.preset} s={a.s:g} (d={out['d_model']}) r={a.r}, {a.path} path, {out['threads']} thread(s): "
+          f"{out['ms_per_step']:.0f} ms/step; " + ", ".join(f"{k} {v:.0%}" for k, v in out["shares"].items()))
+    if a.json:
+        from .train import atomic_write_json
+        atomic_write_json(Path(a.json), {**out, "command": "looped bench profile " + " ".join(argv)})
+    return 0
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in ("train", "fit"):
-        print("usage: looped bench {train,fit} [options]", file=sys.stderr)
+    if not argv or argv[0] not in ("train", "fit", "profile"):
+        print("usage: looped bench {train,fit,profile} [options]", file=sys.stderr)
         return 2
     if argv[0] == "train":
         return bench_train(argv[1:])
+    if argv[0] == "profile":
+        return bench_profile(argv[1:])
     return int(bench_fit(argv[1:]) or 0)
 
 

@@ -42,3 +42,24 @@ def test_bench_train_bad_input_is_one_line(args, match, capsys):
                        *args]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("looped bench train: error:") and match in err and "\n" not in err
+
+
+def test_bench_profile_shares_sum_to_one(tmp_path, capsys):
+    """The eager tiny step: attention and matrix multiplies are found by name, the shares add up."""
+    out = tmp_path / "profile.json"
+    assert bench.main(["profile", "--preset", "tiny", "--s", "2", "--r", "2", "--path", "eager", "--steps", "1",
+                       "--json", str(out)]) == 0
+    saved = json.loads(out.read_text())
+    shares = saved["shares"]
+    assert set(shares) == {"attention", "matrix multiplies", "fused elementwise (inductor kernels)", "other"}
+    assert sum(shares.values()) == pytest.approx(1.0)
+    assert shares["attention"] > 0 and shares["matrix multiplies"] > 0
+    assert shares["fused elementwise (inductor kernels)"] == 0  # eager: nothing compiled
+    assert saved["d_model"] == 16 and saved["command"].startswith("looped bench profile --preset tiny")
+    assert "ms/step" in capsys.readouterr().out
+
+
+def test_bench_profile_bad_input_is_one_line(capsys):
+    assert bench.main(["profile", "--preset", "tiny", "--s", "1", "--r", "3", "--path", "eager"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("looped bench profile: error:") and "must divide" in err and "\n" not in err
