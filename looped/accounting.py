@@ -55,7 +55,13 @@ def n_effective(n_once_: float, n_rec_: float, r: float, phi: float) -> float:
 
 
 def flops_per_token(cfg: ModelConfig) -> int:
-    """Training FLOPs per token (forward + backward), the authors' code formula.
+    """Training FLOPs per token (forward + backward), the authors' code formula (Table 6)."""
+    return sum(flops_breakdown(cfg).values())
+
+
+def flops_breakdown(cfg: ModelConfig) -> dict[str, int]:
+    """`flops_per_token` in its three parts: the block and injection weights, the LM head, and
+    attention's score and value products (12dT per layer, which dominate narrow models).
 
     Recurrences outside the truncation window run forward only (2 FLOPs per weight,
     4dT attention per layer) instead of forward+backward (6 and 12dT).  Hyperconnections
@@ -64,19 +70,21 @@ def flops_per_token(cfg: ModelConfig) -> int:
     d, T = cfg.d_model, cfg.seq_len
     blk = block_params(d)
     once_layers = cfg.n_prelude + cfg.n_coda
-    p_head = cfg.padded_vocab * d
-    f = 6 * (once_layers * blk + p_head) + 12 * d * T * once_layers
+    parts = {"weights": 6 * once_layers * blk, "head": 6 * cfg.padded_vocab * d,
+             "attention": 12 * d * T * once_layers}
     if not cfg.looped:
-        return f + 6 * cfg.n_loop_layers * blk + 12 * cfg.n_loop_layers * d * T
+        parts["weights"] += 6 * cfg.n_loop_layers * blk
+        parts["attention"] += 12 * cfg.n_loop_layers * d * T
+        return parts
     k_bwd = cfg.k_bwd
     k_fwd = cfg.r - k_bwd
     if cfg.injection == "hyperconnect":
         p_inj = (cfg.lanes ** 2 + 2 * cfg.lanes) * d
     else:
         p_inj = injection_params(cfg)
-    f += (2 * k_fwd + 6 * k_bwd) * (cfg.n_loop_layers * blk + p_inj)
-    f += (4 * k_fwd + 12 * k_bwd) * cfg.n_loop_layers * d * T
-    return f
+    parts["weights"] += (2 * k_fwd + 6 * k_bwd) * (cfg.n_loop_layers * blk + p_inj)
+    parts["attention"] += (4 * k_fwd + 12 * k_bwd) * cfg.n_loop_layers * d * T
+    return parts
 
 
 def hyperp_reference_tokens(cfg: ModelConfig) -> int:

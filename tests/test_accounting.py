@@ -47,6 +47,19 @@ def test_closed_forms():
             assert acc.flops_per_token(model_config("paper", r=r, s=s)) == 1440 * d * d + 684144 * d + 12 * r * d * d
 
 
+def test_flops_breakdown_parts():
+    """The three parts add up to F; for r = 1 the weights part is 6N, the head 6 x padded vocab x d,
+    attention 12dT per layer; truncation cuts the recurrent layers' weights and attention alike."""
+    cfg = model_config("prose", r=1, s=4)
+    parts = acc.flops_breakdown(cfg)
+    assert sum(parts.values()) == acc.flops_per_token(cfg)
+    assert parts["weights"] == 6 * acc.n_params(cfg) - 6 * 3 * cfg.d_model  # model norms: no matmul
+    assert parts["head"] == 6 * 2048 * 32 and parts["attention"] == 12 * 32 * 128 * 10
+    full, trunc = (acc.flops_breakdown(model_config("prose", r=8, s=4, bptt_k=k)) for k in (8, 4))
+    assert trunc["head"] == full["head"]
+    assert full["attention"] - trunc["attention"] == 4 * (12 - 4) * 32 * 128
+
+
 def test_r1_training_tokens():
     """Exact (to the printed 2 decimals) at 4.64e17; at 1e18-2.15e18 the paper's D column sits
     0-2.6% below steps * 262144 (the formula is what the authors' code runs; Table 6), never above."""
