@@ -102,3 +102,18 @@ def test_grid_shape_and_the_main_study_meets_the_design_rules():
     for study in ("prose-truncated", "prose-hyper"):
         case = design.grid_shape(study)
         assert list(case.budget) == list(shape.budget[:2]) and (case.r == "2, 4, 8").all()
+
+
+def test_no_prose_run_reads_more_than_80_percent_of_the_training_split():
+    """Runs never repeat data: the longest run of every prose study stays within 80% of the
+    packed training tokens that `looped data prepare --preset prose` recorded."""
+    import json
+
+    from looped import accounting
+    from looped.config import REPO
+    train = json.loads((REPO / "runs" / "prose-corpus.json").read_text())["splits"]["train"]["tokens"]
+    for study in ("prose-main", "prose-truncated", "prose-hyper", "prose-pilot", "prose-lr", "prose-seeds",
+                  "prose-batch"):
+        for run in sweep.load_study(study):
+            tokens = accounting.summary(run.model_config(), run.budget, run.tokens_per_step)["tokens"]
+            assert tokens <= 0.8 * train, (study, run.run_id, tokens / train)
