@@ -155,3 +155,12 @@ def test_cli_rejects_impossible_configs(args):
     assert out.returncode == 2
     assert out.stdout == ""
     assert len(out.stderr.strip().splitlines()) == 1 and "error" in out.stderr
+
+
+@pytest.mark.parametrize("preset, s", [("paper", 10), ("prose", 8), ("cpu", 4)])
+def test_looped_flops_share_predicts_the_truncation_gain(preset, s):
+    """With k = r/2 the loop's part of F falls to 2/3, so the token gain is exactly 1/(1 - share/3)."""
+    full, trunc = (model_config(preset, r=4, s=s, bptt_k=k) for k in (None, 2))
+    share = acc.looped_flops_share(full)
+    assert 0 < share < 1 and acc.looped_flops_share(trunc) == share  # a property of the architecture
+    assert acc.flops_per_token(full) / acc.flops_per_token(trunc) == pytest.approx(1 / (1 - share / 3), rel=1e-12)
