@@ -67,20 +67,24 @@ def seed_spread(study: str = "prose-seeds", runs_dir=None) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def same_runs_compared(study: str = "prose-pilot", other: str = "prose-batch", runs_dir=None,
-                       other_dir=None) -> pd.DataFrame:
-    """The final losses of the configurations (budget, r, s) that two studies share, side by side:
-    how much one setting that differs between them (here the tokens per step) moves the loss,
-    and whether it moves every width alike (if not, it moves the iso-FLOP optimum too)."""
+def batch_comparison(study: str = "prose-batch", runs_dir=None) -> pd.DataFrame:
+    """Final loss per (budget, r, width) at each batch size the study trained, side by side, and
+    each larger batch's loss minus the smallest batch's: how much the tokens per step move the
+    loss, and whether every width alike (if not, they move the iso-FLOP optimum too).  The
+    learning rates follow HyperP's batch rule, so this compares the recipes a user would get."""
     keys = ["budget", "r", "s", "d_model"]
-    a, b = _ok_records(study, runs_dir), _ok_records(other, other_dir)
-    if a.empty or b.empty:
-        return pd.DataFrame(columns=keys + [study, other, "difference"])
-    both = a[keys + ["loss"]].merge(b[keys + ["loss"]], on=keys, suffixes=("_a", "_b"))
-    both = both.rename(columns={"loss_a": study, "loss_b": other})
-    both["difference"] = both[other] - both[study]
-    both[["r", "d_model"]] = both[["r", "d_model"]].astype(int)
-    return both.sort_values(keys).reset_index(drop=True)
+    rec = _ok_records(study, runs_dir)
+    if rec.empty:
+        return pd.DataFrame(columns=keys)
+    rec["batch_tokens"] = rec["batch_tokens"].astype(int)
+    wide = rec.pivot_table(index=keys, columns="batch_tokens", values="loss").dropna()
+    sizes = sorted(wide.columns)
+    wide.columns = [f"loss at {b:,}" for b in sizes]
+    for b in sizes[1:]:
+        wide[f"{b:,} minus {sizes[0]:,}"] = wide[f"loss at {b:,}"] - wide[f"loss at {sizes[0]:,}"]
+    out = wide.reset_index()
+    out[["r", "d_model"]] = out[["r", "d_model"]].astype(int)
+    return out
 
 
 def grid_shape(study: str = "prose-main") -> pd.DataFrame:

@@ -282,7 +282,7 @@ def sweep(study: str, out: str | Path, shard: tuple[int, int] = (0, 1), checkpoi
 
 COLUMNS = ["run_id", "study", "status", "budget", "r", "s", "injection", "bptt_k", "d_model", "n", "n_once",
            "n_rec", "flops_per_token", "tokens", "steps", "loss", "wall_seconds", "tokens_per_s", "mfu",
-           "lr_scale", "seed"]
+           "lr_scale", "seed", "batch_tokens"]
 
 
 def read_records(folder: str | Path) -> pd.DataFrame:

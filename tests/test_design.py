@@ -32,15 +32,15 @@ def test_pilot_optima_bracket_and_tokens_per_param(tmp_path):
     assert len(table) == 4 and table.fitted.all() and table.inside.all()
     assert (table.finished == 4).all()
     assert (table.tokens_per_param > 1).all()
-    by = table.set_index(["budget", "r"]).tokens_per_param  # same vertex, 3.3x the compute
+    by = table.set_index(["budget", "r"]).tokens_per_param  # a wider vertex at 4x the compute
     for r in (1, 8):
-        assert by[(1e13, r)] / by[(3e12, r)] == pytest.approx(1e13 / 3e12, rel=0.05)
+        assert 1 < by[(1e13, r)] / by[(2.5e12, r)] < 4
     # a cell whose losses fall monotonically with width has no interior minimum
     for run in runs:
-        if run.budget == 3e12 and run.r == 1:
+        if run.budget == 2.5e12 and run.r == 1:
             write(tmp_path, run, 6.0 - 0.1 * run.s)
     table = design.pilot_optima("prose-pilot", tmp_path).set_index(["budget", "r"])
-    assert not table.loc[(3e12, 1), "inside"] and table.loc[(1e13, 1), "inside"]
+    assert not table.loc[(2.5e12, 1), "inside"] and table.loc[(1e13, 1), "inside"]
 
 
 def test_lr_sweep_finds_the_best_multiplier(tmp_path):
@@ -69,25 +69,26 @@ def test_empty_studies_give_empty_tables(tmp_path):
 
 
 def test_grid_batch_column_names_and_trains_the_run():
-    runs = sweep.load_study("prose-batch")
-    assert all(run.batch_tokens == 4096 and run.run_id.endswith("_b4096") for run in runs)
+    runs = [run for run in sweep.load_study("prose-batch") if run.batch_tokens]
+    assert len(runs) == 8 and all(run.batch_tokens == 4096 and run.run_id.endswith("_b4096") for run in runs)
     tc = runs[0].train_config()
-    assert tc.batch_tokens == 4096
+    assert tc.batch_tokens == 4096 and tc.lr_scale == 0.5 ** 0.558
     from looped.train import run_id
     assert run_id(tc) == runs[0].run_id
     plan = sweep.plan(runs, peak_flops=1e9, mfu=0.5)
     assert (plan.tokens / plan.steps == 4096).all()
 
 
-def test_same_runs_compared_pairs_shared_configurations(tmp_path):
-    for run in sweep.load_study("prose-pilot"):
-        write(tmp_path / "a", run, 4.0 + run.s / 100)
-    for run in sweep.load_study("prose-batch"):  # 3e12 only, the pilot's widths, 4096 tokens/step
-        write(tmp_path / "b", run, 4.1 + run.s / 50)
-    table = design.same_runs_compared("prose-pilot", "prose-batch", tmp_path / "a", tmp_path / "b")
+def test_batch_comparison_pairs_the_two_batch_sizes(tmp_path):
+    runs = sweep.load_study("prose-batch")
+    for run in runs:
+        write(tmp_path, run, 4.0 + run.s / 100 + (0.05 if run.tokens_per_step == 4096 else 0.0),
+              batch_tokens=run.tokens_per_step)
+    table = design.batch_comparison("prose-batch", tmp_path)
     assert len(table) == 8 and (table.budget == 3e12).all()
-    assert table.difference.tolist() == pytest.approx([0.1 + s / 100 for s in table.s])
-    assert design.same_runs_compared("prose-pilot", "prose-batch", tmp_path / "a", tmp_path / "none").empty
+    assert list(table.columns[-3:]) == ["loss at 2,048", "loss at 4,096", "4,096 minus 2,048"]
+    assert table["4,096 minus 2,048"].tolist() == pytest.approx([0.05] * 8)
+    assert design.batch_comparison("prose-batch", tmp_path / "none").empty
 
 
 def test_grid_shape_and_the_main_study_meets_the_design_rules():
