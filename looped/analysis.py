@@ -3,6 +3,9 @@
 Study plans and their costs, the runs table of finished records, iso-FLOP minima per
 (budget, r) cell (the paper's parabola in log N), loss gaps of looped models to the plain
 model, the main-design split the joint law is fitted to, and residual summaries of a fit.
+The last part gathers the fits behind every estimate of phi beside the paper's
+(`our_phi_fits`, `phi_estimates`), measures how well a phi lines the runs up on the law's
+curve (`rmse_at_phi`) and writes the reading of the joint fit (`joint_fit_verdict`).
 """
 from __future__ import annotations
 
@@ -385,3 +388,206 @@ def phi_profile(runs, phis=None, restarts: int = 100, seed: int = 0):
     out = pd.DataFrame(rows)
     out["relative"] = out["huber"] / out["huber"].min()
     return out
+
+
+# ------------------------------------------------------------ the main fits, every phi, the verdict
+
+PHI_FITS = {   # label of an estimate of phi -> its row in the paper's fits.csv (`looped.paper.paper_fits`)
+    "joint fit": "phi_free",
+    "lower budgets": "phi_free_low_half_budgets",
+    "upper budgets": "phi_free_high_half_budgets",
+    "case-study baseline": "baseline_four_lower_budgets",
+    "truncated BPTT": "truncated_bptt",
+    "hyperconnections": "hyperconnections_2lanes",
+}
+
+
+def joint_fit_ready(runs) -> bool:
+    """Whether a main-design runs table (`main_design`) can carry the joint law: at least 12
+    runs, the plain model (r = 1) and a looped one, and two budgets (at one budget the tokens
+    are a function of the width, so the size and data terms cannot be told apart)."""
+    r = set(runs["r"].astype(int)) if len(runs) else set()
+    return len(runs) >= 12 and 1 in r and len(r) >= 2 and runs["budget"].nunique() >= 2
+
+
+def half_fits(runs, restarts: int = 500, seed: int = 0, bootstrap: int = 0) -> dict:
+    """The joint law fitted to the lower and to the upper budgets separately (`budget_halves`),
+    the paper's check that phi does not drift with scale.
+
+    Returns ``{"lower": (budgets, FitResult), "upper": (budgets, FitResult)}``.  A half is left
+    out when it would hold every budget (a single budget), fewer than 7 runs (six free
+    parameters) or no looped run.
+    """
+    from .fit import fit
+    budgets = sorted(runs["budget"].unique())
+    out = {}
+    for name, part in zip(("lower", "upper"), budget_halves(budgets)):
+        sub = runs[runs["budget"].isin(part)].reset_index(drop=True)
+        if len(part) < len(budgets) and len(sub) >= 7 and (sub["r"] > 1).any():
+            out[name] = (part, fit(sub, restarts=restarts, seed=seed, bootstrap=bootstrap))
+    return out
+
+
+def our_phi_fits(main_runs, truncated_runs=None, hyper=None, restarts: int = 500, seed: int = 0,
+                 bootstrap: int = 200) -> dict:
+    """Our fits behind every estimate of phi, under the labels of `PHI_FITS`.
+
+    The joint fit (with ``bootstrap`` block-bootstrap resamples) and the budget halves (no
+    resamples) on the main design of the records in the folder ``main_runs`` (`study_runs`), the
+    same calls as the fitting chapter; the case-study baseline and the hyperconnection refit
+    from ``hyper`` (a `looped.case_studies.CaseStudy` already fitted); the truncated-BPTT refit
+    on the records in ``truncated_runs`` beside the main study (`looped.case_studies.case_study`,
+    reusing the baseline of ``hyper`` when both studies cover the same budgets).  A fit that
+    could not be done (too few runs, a study not given) is None.  Relative folders are taken
+    from the repository root.
+    """
+    from .case_studies import case_study, case_study_runs
+    from .fit import fit
+    main_runs = Path(main_runs) if Path(main_runs).is_absolute() else REPO / main_runs
+    runs, _ = main_design(study_runs(main_runs))
+    out = dict.fromkeys(PHI_FITS)
+    if joint_fit_ready(runs):
+        out["joint fit"] = fit(runs, restarts=restarts, seed=seed, bootstrap=bootstrap)
+        for name, (_, res) in half_fits(runs, restarts=restarts, seed=seed).items():
+            out[f"{name} budgets"] = res
+    if hyper is not None:
+        out["case-study baseline"], out["hyperconnections"] = hyper.baseline, hyper.variant
+    if truncated_runs is not None:
+        truncated_runs = Path(truncated_runs) if Path(truncated_runs).is_absolute() else REPO / truncated_runs
+        base = case_study_runs(main_runs, truncated_runs)[0]
+        same = hyper is not None and hyper.baseline is not None and sorted(base["budget"].astype(float).unique()) \
+            == [float(b) for b in hyper.budgets] and hyper.baseline.n_runs == len(base)
+        cs = case_study(main_runs, truncated_runs, name="truncated BPTT", restarts=restarts, seed=seed,
+                        bootstrap=bootstrap, baseline=hyper.baseline if same else None)
+        out["truncated BPTT"] = cs.variant
+        if out["case-study baseline"] is None:
+            out["case-study baseline"] = cs.baseline
+    return out
+
+
+def phi_estimates(ours: dict | None = None) -> "pd.DataFrame":
+    """Every estimate of phi, the paper's and ours, one row each (for `looped.figures.plot_phi_forest`).
+
+    Columns label, source ('paper' or 'ours'), phi, lo, hi (the 95% bootstrap interval; NaN
+    where there is none: the paper gives one for its joint fit only).  The paper's rows come from
+    its published fits (`PHI_FITS`: the joint fit, its budget halves and Table 3); ``ours`` maps
+    the same labels to FitResults (`our_phi_fits`), and a label whose fit is None or has no phi
+    gets a row with NaN phi (not fitted).  Rows are ordered by label, the paper's before ours.
+    """
+    import pandas as pd
+
+    from .paper import paper_fits
+    paper = paper_fits()
+    unknown = set(ours or {}) - set(PHI_FITS)
+    if unknown:
+        raise ValueError(f"unknown estimate(s) of phi: {', '.join(sorted(unknown))}; choose from {', '.join(PHI_FITS)}")
+    rows = []
+    for label, key in PHI_FITS.items():
+        p = paper.loc[key]
+        rows.append(dict(label=label, source="paper", phi=float(p["phi"]), lo=float(p["phi_ci_low"]),
+                         hi=float(p["phi_ci_high"])))
+        if ours is not None and label in ours:
+            res = ours[label]
+            phi = float("nan") if res is None or res.phi is None else float(res.phi)
+            lo, hi = (float("nan"),) * 2 if res is None else res.ci.get("phi", (float("nan"),) * 2)
+            rows.append(dict(label=label, source="ours", phi=phi, lo=float(lo), hi=float(hi)))
+    return pd.DataFrame(rows, columns=["label", "source", "phi", "lo", "hi"])
+
+
+def rmse_at_phi(law, runs, phis) -> dict:
+    """RMSE (nats) of the runs around a law with its phi replaced by each value of ``phis``, the
+    other five parameters kept: how well the effective size N_once + r^phi N_rec lines the runs
+    of every r up on the law's curve (the measure of `looped.figures.plot_neff_collapse`).
+    ``law``: a FitResult or dict; returns {phi: RMSE}."""
+    from .fit import FitResult
+    from .law import law_params, residuals
+    p = law_params(law)
+    return {float(v): float(np.sqrt(np.mean(residuals(FitResult(**{**p, "phi": float(v)}, r2=np.nan, huber=np.nan,
+                                                                  n_runs=0, restarts=0), runs) ** 2)))
+            for v in phis}
+
+
+def joint_fit_verdict(joint, restricted: dict, runs, per_r: dict | None = None, gaps=None, paper_gaps=None,
+                      halves: dict | None = None) -> str:
+    """The paragraph (Markdown) that reads a joint fit of our runs beside the paper's.
+
+    Written from the numbers rather than typed into the chapter, so it stays true when the
+    sweep gains runs or moves to the GPU grid, and so that its branches can be tested.  It says
+    where the 95% interval of phi lies (against the paper's 0.459 and its interval, and against
+    0 and 1), what holding phi at 0 or 1 (``restricted``: {0.0: fit, 1.0: fit}) costs in R^2
+    beside the paper's costs, whether the joint fit ended on the edge of the search box, how
+    large the residuals on ``runs`` are, how well one law per architecture fits (``per_r``),
+    the model-free same-width loss gaps (``gaps``, ``paper_gaps``: `same_width_gaps` of our runs
+    and of the paper's law on its grid) and the budget halves (``halves``: `half_fits`).  The
+    paper's numbers come from its published tables (`looped.paper`): the joint fit and its
+    restricted variants, the per-r residuals, Table 1 and the budget halves.  ``joint`` None
+    gives the note that there is no fit yet.
+    """
+    from .fit import at_bounds
+    from .law import residuals
+    from .paper import PAPER_PHI, PAPER_PHI_CI, paper_fits, paper_table
+    if joint is None:
+        return ("No CPU fit is shown yet: the sweep folder holds too few finished runs.  Rerun the chapter "
+                "(`make notebooks CHAPTERS=04_fit`) once `looped sweep cpu-main` has finished.")
+    paper = paper_fits()
+    p_r2 = {k: float(paper.loc[k, "r2"]) for k in ("phi_free", "phi_fixed_0", "phi_fixed_1")}
+    p_res = paper_table("joint_fit_residuals")
+    p_arch = paper.loc[[f"chinchilla_r{r}" for r in R_VALUES], "r2"].astype(float)
+    p_half = float(paper.loc["phi_free_high_half_budgets", "phi"] - paper.loc["phi_free_low_half_budgets", "phi"])
+    resid = residuals(joint, runs)
+    lo, hi = joint.ci["phi"]
+    plo, phi_ = PAPER_PHI_CI
+    where = (f"contains the paper's {PAPER_PHI:g}" if lo <= PAPER_PHI <= hi else
+             f"lies entirely above the paper's {PAPER_PHI:g}" if lo > PAPER_PHI else
+             f"lies entirely below the paper's {PAPER_PHI:g}")
+    overlap = "overlaps" if (lo <= phi_ and hi >= plo) else "does not overlap"
+    zero = "excludes φ = 0" if lo > 0 else "does not exclude φ = 0"
+    one = "excludes φ = 1" if hi < 1 else "does not exclude φ = 1"
+    r2f, r20, r21 = joint.r2, restricted[0.0].r2, restricted[1.0].r2
+    text = (f"On our {joint.n_runs} CPU runs the joint fit gives **φ = {joint.phi:.3f}** with a 95% block-bootstrap "
+            f"interval of [{lo:.3f}, {hi:.3f}] (width {hi - lo:.2f}; the paper's is {phi_ - plo:.2f} wide).  The "
+            f"interval {where}, {overlap} the paper's [{plo}, {phi_}], {zero} and {one}.  ")
+    worse = [(name, r2f - r2) for name, r2 in (("φ = 0", r20), ("φ = 1", r21))]
+    text += f"The free fit reaches R² = {r2f:.4f} (paper: {p_r2['phi_free']:.4f}); "
+    text += "; ".join(f"fixing {name} costs {d:.4f} of R²" if d >= 0 else
+                      f"fixing {name} even raises R² by {-d:.4f}, since the fit minimises the Huber loss of "
+                      f"log-losses rather than the squared error in nats" for name, d in worse)
+    text += (f".  In the paper the two restrictions cost {p_r2['phi_free'] - p_r2['phi_fixed_0']:.4f} and "
+             f"{p_r2['phi_free'] - p_r2['phi_fixed_1']:.4f}.")
+    small = [name for name, d in worse if d < 0.002]
+    if small:
+        text += (f"  Holding {' or '.join(small)} hardly changes how well the law fits: the fit quality alone "
+                 f"cannot tell {'that end point' if len(small) == 1 else 'those end points'} from the free fit.")
+    bounds = at_bounds(joint)
+    if bounds:
+        text += (f"  The fit ends on the edge of the search box for {', '.join(bounds)}: the data prefer a value "
+                 f"outside the paper's box (for E, an irreducible loss below e^-3 = 0.05 nats), so that number is a "
+                 f"bound of the protocol, not a measurement.")
+    text += (f"  The residuals are much larger than the paper's: RMSE {np.sqrt(np.mean(resid ** 2)):.3f} nats "
+             f"against about {p_res['rmse'].mean():.2f}, largest {np.abs(resid).max():.3f} against "
+             f"{p_res['max_abs_residual'].max():.3f}.")
+    if per_r:
+        r2s = [res.r2 for res in per_r.values()]
+        text += (f"  The law's form itself is the weak point: even one Chinchilla law per architecture reaches only "
+                 f"R² {min(r2s):.3f} to {max(r2s):.3f} (paper: {p_arch.mean():.3f}), so the joint law has little to "
+                 f"work with.")
+    if gaps is not None and len(gaps) and paper_gaps is not None:
+        mg = ", ".join(f"{g:+.3f} at r = {r}" for r, g in gaps["mean_gap"].items())
+        text += (f"  Without any law, the mean loss of a looped model minus that of the plain model of the same width "
+                 f"and budget is {mg} nats (the paper's law: "
+                 + ", ".join(f"{g:+.2f} at r = {r}" for r, g in paper_gaps["mean_gap"].items()) + ")")
+        ref = paper_gaps["mean_gap"].reindex(gaps.index)
+        if (gaps["mean_gap"] < ref).all():
+            text += ": looping costs our models less than the paper's law says it costs at scale, which pulls φ up."
+        elif (gaps["mean_gap"] > ref).all():
+            text += ": looping costs our models more than the paper's law says it costs at scale, which pulls φ down."
+        else:
+            text += "."
+    if halves and len(halves) == 2:
+        pl, ph = halves["lower"][1].phi, halves["upper"][1].phi
+        rl, rh = halves["lower"][1].r2, halves["upper"][1].r2
+        text += (f"  The budget halves give φ = {pl:.3f} (lower, R² {rl:.3f}) and {ph:.3f} (upper, R² {rh:.3f}), "
+                 f"a difference of {abs(ph - pl):.3f} against {p_half:.2f} in the paper")
+        text += (": the law describes the larger budgets, where the runs are longer, much better than the smaller ones."
+                 if rh - rl > 0.02 else ".")
+    return text

@@ -1,0 +1,118 @@
+"""The reading of a joint fit (`joint_fit_verdict`), every estimate of phi beside the paper's
+(`phi_estimates`) and the budget halves, on synthetic inputs."""
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from looped import analysis
+from looped.fit import FitResult
+from looped.solver import HI, LO
+
+
+def _fit(phi, lo=None, hi=None, r2=0.99, theta=(), n_runs=40):
+    ci = {} if lo is None else {"phi": (lo, hi)}
+    return FitResult(A=28.0, alpha=0.2, B=900.0, beta=0.37, E=1.57, phi=phi, r2=r2, huber=0.0, n_runs=n_runs,
+                     restarts=10, ci=ci, theta=theta)
+
+
+def _runs(phi=0.5, noise=0.0, seed=0, budgets=(1e17, 1e18, 1e19)):
+    """Three budgets, r = 1, 2, 4 at four widths, losses from a law (iso-depth: the tokens of a
+    width are the same for every r)."""
+    rows = []
+    for budget in budgets:
+        for r in (1, 2, 4):
+            for d in (256, 512, 1024, 2048):
+                n_rec = 0.0 if r == 1 else 48.0 * d * d / r
+                n_once = 24.0 * d * d + (96.0 * d * d if r == 1 else 48.0 * d * d - n_rec)
+                rows.append(dict(budget=budget, r=r, n_once=n_once, n_rec=n_rec, tokens=budget / (6 * 120.0 * d * d)))
+    df = pd.DataFrame(rows)
+    law = _fit(phi)
+    neff = df.n_once + df.r ** phi * df.n_rec
+    df["loss"] = law.E + law.A * neff ** -law.alpha + law.B * df.tokens ** -law.beta
+    df["loss"] += np.random.default_rng(seed).normal(0, noise, len(df))
+    return df
+
+
+RESTRICTED = {0.0: _fit(0.0, r2=0.95), 1.0: _fit(1.0, r2=0.98)}
+
+
+def test_verdict_phi_inside_the_papers_interval():
+    text = analysis.joint_fit_verdict(_fit(0.47, 0.42, 0.50), RESTRICTED, _runs())
+    assert "**φ = 0.470**" in text and "[0.420, 0.500]" in text
+    assert "contains the paper's 0.459" in text and "overlaps the paper's [0.41, 0.53]" in text
+    assert "excludes φ = 0 and excludes φ = 1" in text
+    assert "the paper's is 0.12 wide" in text
+    # the paper's numbers come from its tables: R^2 of the free fit and what the restrictions cost
+    assert "(paper: 0.9972)" in text and "cost 0.0114 and 0.0420" in text
+    assert "fixing φ = 0 costs 0.0400 of R²" in text and "fixing φ = 1 costs 0.0100 of R²" in text
+    assert "hardly changes" not in text and "edge of the search box" not in text
+    assert "against about 0.01, largest" in text and "against 0.036." in text
+
+
+def test_verdict_phi_outside_and_restrictions_for_free():
+    restricted = {0.0: _fit(0.0, r2=0.95), 1.0: _fit(1.0, r2=0.995)}
+    text = analysis.joint_fit_verdict(_fit(0.96, 0.76, 1.14), restricted, _runs())
+    assert "lies entirely above the paper's 0.459" in text and "does not overlap" in text
+    assert "does not exclude φ = 1" in text
+    assert "fixing φ = 1 even raises R² by 0.0050" in text
+    assert "Holding φ = 1 hardly changes how well the law fits" in text
+    below = analysis.joint_fit_verdict(_fit(0.1, -0.2, 0.3), RESTRICTED, _runs())
+    assert "lies entirely below the paper's 0.459" in below and "does not exclude φ = 0" in below
+
+
+def test_verdict_box_edge_per_r_gaps_and_halves():
+    theta = tuple(float(v) for v in (LO + HI) / 2)
+    theta = theta[:4] + (float(LO[4]),) + theta[5:]                 # log E on the lower edge of the box
+    joint = _fit(0.9, 0.7, 1.1, theta=theta)
+    gaps = pd.DataFrame({"mean_gap": [0.01, 0.02]}, index=[2, 4])
+    paper_gaps = pd.DataFrame({"mean_gap": [0.03, 0.05]}, index=[2, 4])
+    halves = {"lower": ([1e17, 1e18], _fit(1.05, r2=0.90)), "upper": ([1e18, 1e19], _fit(0.92, r2=0.99))}
+    per_r = {1: _fit(None, r2=0.97), 2: _fit(None, r2=0.99)}
+    text = analysis.joint_fit_verdict(joint, RESTRICTED, _runs(), per_r=per_r, gaps=gaps, paper_gaps=paper_gaps,
+                                      halves=halves)
+    assert "edge of the search box for E" in text
+    assert "R² 0.970 to 0.990 (paper: 0.998)" in text
+    assert "+0.010 at r = 2, +0.020 at r = 4 nats" in text and "less than the paper's law says" in text
+    assert "φ = 1.050 (lower, R² 0.900) and 0.920 (upper, R² 0.990)" in text
+    assert "a difference of 0.130 against 0.05 in the paper" in text and "much better than the smaller" in text
+
+
+def test_verdict_without_a_fit():
+    assert analysis.joint_fit_verdict(None, {}, _runs()).startswith("No CPU fit is shown yet")
+
+
+def test_phi_estimates_pairs_the_papers_rows_with_ours():
+    paper_only = analysis.phi_estimates()
+    assert list(paper_only.label) == list(analysis.PHI_FITS) and set(paper_only.source) == {"paper"}
+    joint = paper_only.set_index("label").loc["joint fit"]
+    assert (joint.phi, joint.lo, joint.hi) == (0.459, 0.41, 0.53)
+    assert paper_only.set_index("label").loc["hyperconnections"].phi == 0.646
+    assert paper_only.drop(index=0)[["lo", "hi"]].isna().all().all()          # an interval for the joint fit only
+    est = analysis.phi_estimates({"joint fit": _fit(0.9, 0.7, 1.1), "truncated BPTT": None,
+                                  "lower budgets": _fit(1.0)})
+    ours = est[est.source == "ours"].set_index("label")
+    assert len(est) == len(analysis.PHI_FITS) + 3
+    assert tuple(ours.loc["joint fit", ["phi", "lo", "hi"]]) == (0.9, 0.7, 1.1)
+    assert math.isnan(ours.loc["truncated BPTT", "phi"]) and math.isnan(ours.loc["lower budgets", "lo"])
+    with pytest.raises(ValueError, match="unknown estimate"):
+        analysis.phi_estimates({"joint": _fit(0.5)})
+
+
+def test_joint_fit_ready_and_half_fits():
+    runs = _runs(0.5, noise=0.002)
+    assert analysis.joint_fit_ready(runs)
+    assert not analysis.joint_fit_ready(runs[runs.r == 1]) and not analysis.joint_fit_ready(runs[runs.budget == 1e17])
+    halves = analysis.half_fits(runs, restarts=20)
+    assert list(halves) == ["lower", "upper"]
+    assert halves["lower"][0] == [1e17, 1e18] and halves["upper"][0] == [1e18, 1e19]   # odd: share the middle
+    assert all(res.n_runs == 24 and res.phi is not None for _, res in halves.values())
+    assert analysis.half_fits(runs[runs.budget == 1e17], restarts=5) == {}           # one budget: no halves
+
+
+def test_rmse_at_phi_is_zero_at_the_laws_phi():
+    runs = _runs(0.5)
+    rmse = analysis.rmse_at_phi(_fit(0.5), runs, (0.0, 0.5, 1.0))
+    assert list(rmse) == [0.0, 0.5, 1.0]
+    assert rmse[0.5] < 1e-12 < 1e-3 < min(rmse[0.0], rmse[1.0])

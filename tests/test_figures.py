@@ -1,0 +1,123 @@
+"""The forest plot of every phi and the N_eff collapse figure, on small synthetic inputs."""
+import math
+
+import matplotlib
+import numpy as np
+import pandas as pd
+import pytest
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from looped import figures  # noqa: E402
+from looped.fit import FitResult  # noqa: E402
+from looped.paper import PAPER_PHI  # noqa: E402
+
+
+def _law(phi):
+    return FitResult(A=28.0, alpha=0.2, B=900.0, beta=0.37, E=1.57, phi=phi, r2=1.0, huber=0.0, n_runs=0, restarts=0)
+
+
+def _runs(phi=0.5):
+    """Two budgets, r = 1 and 4, four widths each: losses from a law with the given phi."""
+    rows = []
+    for budget in (1e17, 1e18):
+        for r in (1, 4):
+            for d in (256, 512, 1024, 2048):
+                n_rec = 0.0 if r == 1 else 96.0 * d * d / r          # eight blocks, shared by r passes
+                n_once = 24.0 * d * d + (96.0 * d * d if r == 1 else 0.0)
+                tokens = budget / (6 * (n_once + r * n_rec))
+                rows.append(dict(budget=budget, r=r, n_once=n_once, n_rec=n_rec, tokens=tokens))
+    df = pd.DataFrame(rows)
+    law = _law(phi)
+    neff = df.n_once + df.r ** phi * df.n_rec
+    df["loss"] = law.E + law.A * neff ** -law.alpha + law.B * df.tokens ** -law.beta
+    return df
+
+
+ENTRIES = [("joint fit", "paper", 0.459, 0.41, 0.53), ("joint fit", "ours", 0.9, 0.7, 1.1),
+           ("halves", "paper", 0.44, math.nan, math.nan), ("halves", "ours", math.nan, math.nan, math.nan),
+           ("case study", "ours", 0.8, -3.0, 1.2)]
+
+
+def _markers(ax, marker):
+    return [ln for ln in ax.lines if ln.get_marker() == marker and len(ln.get_xdata()) == 1
+            and ln.get_label().startswith("_")]
+
+
+def test_phi_forest_one_row_per_fit_and_point_per_estimate():
+    fig, ax = plt.subplots()
+    figures.plot_phi_forest(ENTRIES, ax=ax)
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["joint fit", "halves", "case study"]
+    assert len(_markers(ax, "s")) == 2                 # the paper's two estimates
+    assert len(_markers(ax, "o")) == 2                 # ours: the not-fitted one is text, not a point
+    texts = [t.get_text() for t in ax.texts]
+    assert "ours: not fitted" in texts
+    assert any(t.startswith("to -3.00 (box edge)") for t in texts)      # cut at the frame, end written
+    assert ax.get_xlim()[0] > -3.0
+    assert "φ" in ax.get_xlabel()
+    assert any(np.allclose(ln.get_xdata(), PAPER_PHI) for ln in ax.lines if ln.get_linestyle() == "--")
+    plt.close(fig)
+
+
+def test_phi_forest_takes_a_dataframe_and_rejects_bad_input():
+    df = pd.DataFrame(ENTRIES, columns=["label", "source", "phi", "lo", "hi"])
+    ax = figures.plot_phi_forest(df)
+    assert len(ax.get_yticks()) == 3
+    plt.close(ax.figure)
+    with pytest.raises(ValueError, match="unknown source"):
+        figures.plot_phi_forest([("joint fit", "theirs", 0.5, 0.4, 0.6)])
+    with pytest.raises(ValueError, match="no estimates"):
+        figures.plot_phi_forest(df.iloc[0:0])
+    with pytest.raises(ValueError, match="missing column"):
+        figures.plot_phi_forest(df.drop(columns=["hi"]))
+    with pytest.raises(ValueError, match="lo > hi"):
+        figures.plot_phi_forest([("joint fit", "ours", 0.5, 0.6, 0.4)])
+    plt.close("all")
+
+
+def test_neff_collapse_three_panels_and_a_legend():
+    runs = _runs(0.5)
+    axes = figures.plot_neff_collapse(runs, _law(0.5))
+    assert len(axes) == 4 and not axes[3].axison                  # the fourth panel holds the legend
+    titles = [ax.get_title() for ax in axes[:3]]
+    assert titles[0].startswith("φ = 0 (unique N)") and "(fitted)" in titles[1]
+    assert titles[2].startswith("φ = 1 (every pass counted)")
+    cells = runs.groupby(["budget", "r"]).ngroups
+    for ax in axes[:3]:
+        drawn = [ln for ln in ax.lines if len(ln.get_xdata()) and ln.get_linestyle() == "-"]
+        assert len(drawn) == cells and sum(len(ln.get_xdata()) for ln in drawn) == len(runs)
+        assert {ln.get_color() for ln in drawn} == {figures.R_COLORS[1], figures.R_COLORS[4]}
+        assert ax.get_xscale() == "log"
+    # at phi = 1 every looped run sits at the N_eff of its unrolled model, at phi = 0 at its unique N
+    looped = runs[runs.r == 4].sort_values(["budget", "n_once"])
+    x1 = np.sort(np.concatenate([ln.get_xdata() for ln in axes[2].lines if ln.get_color() == figures.R_COLORS[4]
+                                 and len(ln.get_xdata())]))
+    np.testing.assert_allclose(x1, np.sort(looped.n_once + 4 * looped.n_rec))
+    rmse = [float(t.split("RMSE ")[1].split()[0]) for t in titles]
+    assert rmse[1] == 0.0 and min(rmse[0], rmse[2]) > 0.001        # at the law's phi the runs lie on its curve
+    # less the data term, every run at the law's phi sits on the dashed curve E + A N_eff^-alpha
+    law = _law(0.5)
+    for ln in (ln for ln in axes[1].lines if len(ln.get_xdata()) and ln.get_linestyle() == "-"):
+        x, y = np.asarray(ln.get_xdata(), float), np.asarray(ln.get_ydata(), float)
+        np.testing.assert_allclose(y, law.E + law.A * x ** -law.alpha, rtol=1e-9)
+    assert sum(ln.get_linestyle() == "--" for ln in axes[1].lines if len(ln.get_xdata())) == 1
+    plt.close(axes[0].figure)
+
+
+def test_neff_collapse_given_axes_and_bad_input():
+    runs = _runs()
+    fig, axes = plt.subplots(1, 3)
+    out = figures.plot_neff_collapse(runs, _law(0.5), axes=axes)
+    assert len(out) == 3 and out[2].get_legend() is not None
+    plt.close(fig)
+    with pytest.raises(ValueError, match="no phi"):
+        figures.plot_neff_collapse(runs, _law(None))
+    with pytest.raises(ValueError, match="missing column"):
+        figures.plot_neff_collapse(runs.drop(columns=["tokens"]), _law(0.5))
+    with pytest.raises(ValueError, match="no runs"):
+        figures.plot_neff_collapse(runs.iloc[0:0], _law(0.5))
+    fig, axes = plt.subplots(1, 2)
+    with pytest.raises(ValueError, match="need 3 axes"):
+        figures.plot_neff_collapse(runs, _law(0.5), axes=axes)
+    plt.close("all")
