@@ -40,6 +40,7 @@ class Preset:
     ref_s: float            # HyperP reference width (paper: s=10, d=640)
     eval_tokens: int = 65_536  # held-out tokens for the final validation loss
     softcap: float = 15.0
+    lr_scale: float = 1.0   # default multiplier on HyperP's transferred LRs (re-based by an LR sweep)
 
     @property
     def effective_depth(self) -> int:
@@ -170,14 +171,14 @@ DEFAULT_SEED = 42
 
 
 def run_name(cfg: ModelConfig, budget: float | None = None, steps: int | None = None,
-             lr_scale: float = 1.0, seed: int = DEFAULT_SEED, batch_tokens: int | None = None) -> str:
+             lr_scale: float | None = None, seed: int = DEFAULT_SEED, batch_tokens: int | None = None) -> str:
     """A readable, unique name for a run within a study (its record's file name)."""
     parts = [f"C{budget:.3g}" if budget else f"steps{steps}", f"r{cfg.r}", f"s{cfg.s:g}"]
     if cfg.injection not in ("none", "linear"):
         parts.append(cfg.injection + (f"{cfg.lanes}" if cfg.injection == "hyperconnect" else ""))
     if cfg.bptt_k is not None:
         parts.append(f"k{cfg.bptt_k}")
-    if lr_scale != 1.0:
+    if lr_scale is not None and lr_scale != get_preset(cfg.preset).lr_scale:
         parts.append(f"lr{lr_scale:g}")
     if seed != DEFAULT_SEED:
         parts.append(f"seed{seed}")

@@ -42,8 +42,13 @@ def pilot_optima(study: str = "prose-pilot", runs_dir=None, tokens_per_param=(10
 
 
 def lr_sweep(study: str = "prose-lr", runs_dir=None, tolerance: float = 0.01) -> pd.DataFrame:
-    """Per r: the final loss at each LR multiplier, the best multiplier, and whether multiplier 1
-    (HyperP's transfer) is within `tolerance` nats of the best."""
+    """Per r: the final loss at each multiplier of HyperP's transferred learning rates, the best
+    multiplier, whether multiplier 1 (the transfer as the paper states it) is within `tolerance`
+    nats of the best, and the gap at the study preset's default multiplier (`Preset.lr_scale`,
+    which an LR sweep that finds the transfer off re-bases)."""
+    from .config import get_preset
+    from .sweep import STUDIES
+    default = get_preset(STUDIES[study][2]).lr_scale if study in STUDIES else 1.0
     rec = _ok_records(study, runs_dir)
     rows = []
     for r, g in rec.groupby("r", sort=True):
@@ -51,7 +56,8 @@ def lr_sweep(study: str = "prose-lr", runs_dir=None, tolerance: float = 0.01) ->
         best = float(by_lr.idxmin())
         at_one = float(by_lr.get(1.0, np.nan))
         rows.append(dict(r=int(r), **{f"lr x{m:g}": v for m, v in by_lr.items()}, best_multiplier=best,
-                         gap_at_1=at_one - float(by_lr.min()), transfer_ok=bool(at_one - by_lr.min() <= tolerance)))
+                         gap_at_1=at_one - float(by_lr.min()), transfer_ok=bool(at_one - by_lr.min() <= tolerance),
+                         preset_multiplier=default, gap_at_preset=float(by_lr.get(default, np.nan)) - float(by_lr.min())))
     return pd.DataFrame(rows)
 
 

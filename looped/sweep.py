@@ -58,7 +58,7 @@ class Run:
     injection: str
     lanes: int
     bptt_k: int | None
-    lr_scale: float = 1.0   # optional grid column: an LR sweep's multiplier
+    lr_scale: float | None = None  # optional grid column: an LR sweep's multiplier (None: the preset's)
     seed: int = DEFAULT_SEED  # optional grid column: a seed-noise study's seed
     batch_tokens: int | None = None  # optional grid column: tokens per step (None: the preset's)
 

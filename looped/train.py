@@ -49,7 +49,7 @@ class TrainConfig:
     micro_batch: int | None = None    # rows per forward pass per process (None: the whole batch on
                                       # the CPU, the largest that fits on a GPU)
     seed: int = DEFAULT_SEED
-    lr_scale: float = 1.0             # multiplies every learning rate (LR sweeps)
+    lr_scale: float | None = None     # multiplies HyperP's learning rates (None: the preset's default)
     out: str | None = None            # record path; None writes no record
     study: str = "adhoc"
     checkpoint: str | None = None     # checkpoint path; default: next to the record under ckpt/
@@ -294,10 +294,11 @@ def train(tc: TrainConfig) -> dict:
     raw = LoopedGPT(cfg).to(dd.device)
     tokens_total = steps * batch_tokens
     optimizers = optim.build_optimizers(raw, cfg, batch_tokens, tokens_total, fast=tc.compile)
-    if tc.lr_scale != 1.0:
+    lr_scale = preset.lr_scale if tc.lr_scale is None else tc.lr_scale
+    if lr_scale != 1.0:
         for o in optimizers:
             for g in o.param_groups:
-                g["initial_lr"] *= tc.lr_scale
+                g["initial_lr"] *= lr_scale
     model = raw
     if dd.world > 1:
         model = torch.nn.parallel.DistributedDataParallel(
@@ -311,7 +312,7 @@ def train(tc: TrainConfig) -> dict:
     # The micro-batch is not part of a run's identity: it changes only the summation order,
     # so a run may resume on another GPU with another micro-batch.
     identity = {"model": cfg.to_dict(), "steps": steps, "batch_tokens": batch_tokens, "seed": tc.seed,
-                "lr_scale": tc.lr_scale}
+                "lr_scale": lr_scale}
     start, state = 0, {"curve": [], "train_seconds": 0.0, "steady": [0, 0.0], "first_step_seconds": None,
                        "run": identity}
     if ckpt_path and tc.resume and ckpt_path.exists():
@@ -415,7 +416,7 @@ def train(tc: TrainConfig) -> dict:
         "mfu": tok_s * flops_per_token / peak if tok_s and peak else None, "peak_flops": peak,
         "first_step_seconds": state["first_step_seconds"], "micro_batch": micro, "compile": tc.compile,
         "peak_memory_bytes": peak_memory_bytes(dd.device),
-        "device": device_name(dd.device), "world_size": dd.world, "seed": tc.seed, "lr_scale": tc.lr_scale,
+        "device": device_name(dd.device), "world_size": dd.world, "seed": tc.seed, "lr_scale": lr_scale,
         "learning_rates": {g.get("name", str(i)): g["initial_lr"] for o in optimizers
                            for i, g in enumerate(o.param_groups)},
         "config": cfg.to_dict(), "train": {k: v for k, v in asdict(tc).items() if k not in ("quiet",)},
@@ -464,7 +465,8 @@ def add_train_args(ap: argparse.ArgumentParser):
     ap.add_argument("--batch-tokens", type=int, default=None)
     ap.add_argument("--micro-batch", type=int, default=None, help="rows per forward pass per process")
     ap.add_argument("--seed", type=int, default=42)
-    ap.add_argument("--lr-scale", type=float, default=1.0)
+    ap.add_argument("--lr-scale", type=float, default=None,
+                    help="multiplier on HyperP's learning rates (default: the preset's, 1 but where an LR sweep re-based it)")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
                     help="the fast path: torch.compile + batched optimizers (default); --no-compile "
                          "runs the plain eager reference step")

@@ -311,3 +311,22 @@ def test_atomic_write_json_leaves_no_temp_files(tmp_path):
     atomic_write_json(path, {"x": 1})
     atomic_write_json(path, {"x": 2})
     assert json.loads(path.read_text()) == {"x": 2} and files_under(tmp_path) == ["a/b.json"]
+
+
+def test_preset_lr_scale_is_the_default_multiplier(tiny_data, monkeypatch):
+    """A preset re-based by an LR sweep (`Preset.lr_scale`) multiplies HyperP's learning rates of
+    every run that does not set its own; run names mark only multipliers other than the preset's."""
+    from dataclasses import replace
+
+    from looped import optim
+    from looped.config import PRESETS, run_name
+    monkeypatch.setitem(PRESETS, "tiny", replace(PRESETS["tiny"], lr_scale=1.4))
+    tc = TrainConfig(**BASE, steps=2)
+    rec = train(tc)
+    assert rec["lr_scale"] == 1.4
+    hyperp = optim.learning_rates(tc.model_config(), rec["batch_tokens"], rec["tokens"])
+    assert rec["learning_rates"]["matrix"] == pytest.approx(1.4 * hyperp["matrix"])
+    assert train(TrainConfig(**BASE, steps=2, lr_scale=1.0))["learning_rates"]["matrix"] == pytest.approx(hyperp["matrix"])
+    cfg = tc.model_config()
+    assert run_name(cfg, steps=2) == run_name(cfg, steps=2, lr_scale=1.4) == "steps2_r2_s1"
+    assert run_name(cfg, steps=2, lr_scale=1.0) == "steps2_r2_s1_lr1"
