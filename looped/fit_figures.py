@@ -1,0 +1,404 @@
+"""Figures of fitted laws: residuals, bootstrap distributions, phi against its interval and its
+profile, the collapse onto N_eff, effective sizes and compute-optimal frontiers.  Drawn with the
+palette of `looped.palette`; matplotlib is imported inside the functions.  Chapters reach these
+through `looped.figures`, which re-exports them.
+"""
+from __future__ import annotations
+
+from .paper import PAPER_PHI, PAPER_PHI_CI
+from .palette import LEGEND_FONTSIZE, OURS_COLOR, PAPER_COLOR, _SYMBOLS, budget_markers, r_color
+from .tables import power_of_ten
+
+
+def _scatter_by_r_and_budget(ax, runs, x, y, marks):
+    """One point per run: colour is r, marker is the budget; plus legend-only handles."""
+    import numpy as np
+    for r in sorted(runs["r"].unique()):
+        for b, m in marks.items():
+            sel = (runs["r"].to_numpy() == r) & np.isclose(runs["budget"].to_numpy(float), b)
+            if sel.any():
+                ax.scatter(np.asarray(x)[sel], np.asarray(y)[sel], color=r_color(r),
+                           marker=m, s=30, edgecolor="white", lw=0.4, zorder=3)
+    for r in sorted(runs["r"].unique()):
+        ax.scatter([], [], color=r_color(r), marker="o", label=f"r = {int(r)}")
+    for b, m in marks.items():
+        ax.scatter([], [], color="0.4", marker=m, label=f"C = {power_of_ten(b)} FLOPs")
+
+
+def plot_residuals(ax, res, runs, title: str | None = None):
+    """Residuals of a fitted law against unique non-embedding parameters N (log axis): colour is
+    r, marker is the training budget; the grey band is +-1 RMSE of all runs."""
+    import numpy as np
+    from .law import residuals
+    resid = residuals(res, runs)
+    n = (runs["n_once"] + runs["n_rec"]).to_numpy(float)
+    marks = budget_markers(runs["budget"])
+    rmse = float(np.sqrt(np.mean(resid ** 2)))
+    ax.axhspan(-rmse, rmse, color="0.85", alpha=0.6, lw=0, label=f"+-RMSE ({rmse:.3f} nats)")
+    ax.axhline(0, color="0.3", lw=0.8)
+    _scatter_by_r_and_budget(ax, runs, n, resid, marks)
+    ax.set_xscale("log")
+    ax.set_xlabel("unique non-embedding parameters N")
+    ax.set_ylabel("observed - predicted loss (nats)")
+    ax.legend(fontsize=LEGEND_FONTSIZE, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.16))
+    if title:
+        ax.set_title(title, fontsize=10)
+    return ax
+
+
+def plot_predicted_vs_observed(ax, res, runs, title: str | None = None):
+    """Observed final loss against the fitted law's prediction for every run (colour r, marker
+    budget), with the identity line."""
+    from .law import predict
+    pred = predict(res, runs["n_once"], runs["n_rec"], runs["r"], runs["tokens"])
+    obs = runs["loss"].to_numpy(float)
+    marks = budget_markers(runs["budget"])
+    lo, hi = float(min(pred.min(), obs.min())), float(max(pred.max(), obs.max()))
+    pad = 0.04 * (hi - lo)
+    ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], color="0.3", lw=0.8, ls="--", label="observed = predicted")
+    _scatter_by_r_and_budget(ax, runs, pred, obs, marks)
+    ax.set_xlim(lo - pad, hi + pad)
+    ax.set_ylim(lo - pad, hi + pad)
+    ax.set_aspect("equal")
+    ax.set_xlabel("predicted loss (nats/token)")
+    ax.set_ylabel("observed validation loss (nats/token)")
+    ax.legend(fontsize=LEGEND_FONTSIZE, loc="lower right")   # below the diagonal: no points there
+    if title:
+        ax.set_title(title, fontsize=10)
+    return ax
+
+
+def plot_bootstrap(ax, res, param: str = "phi", paper=None, label: str = "ours"):
+    """Histogram of the bootstrap resamples of one parameter, with the point estimate and the
+    2.5/97.5 percentile band; ``paper`` = (value, lo, hi) adds the published estimate and interval."""
+    import numpy as np
+    from .solver import LAW_PARAMS
+    samples = np.asarray(res.boot_samples)[:, LAW_PARAMS.index(param)]
+    lo, hi = res.ci[param]
+    ax.hist(samples, bins=30, color=OURS_COLOR, alpha=0.55, label=f"{label}: {len(samples)} resamples")
+    ax.axvspan(lo, hi, color=OURS_COLOR, alpha=0.12, label=f"{label} 95% interval [{lo:.2f}, {hi:.2f}]")
+    ax.axvline(getattr(res, param), color=OURS_COLOR, lw=2, label=f"{label} fit {getattr(res, param):.3f}")
+    if paper is not None:
+        v, plo, phi_ = paper
+        ax.axvspan(plo, phi_, color=PAPER_COLOR, alpha=0.15, label=f"paper 95% interval [{plo}, {phi_}]")
+        ax.axvline(v, color=PAPER_COLOR, lw=2, ls="--", label=f"paper {v}")
+    ax.set_xlabel(f"bootstrap estimate of {_SYMBOLS.get(param, param)}")
+    ax.set_ylabel("resamples")
+    ax.legend(fontsize=LEGEND_FONTSIZE)
+    return ax
+
+
+def plot_minima_laws(axes, minima_runs, laws: dict, budgets=None):
+    """Two views of laws fitted to (or compared on) the published compute-optimal minima.
+
+    Left: the published L* per budget and r (points) and each law's prediction at the same
+    (N*, D*) (lines).  Right: each law's compute-optimal loss of the plain model (r = 1, paper
+    widths, `looped.law.compute_optimal`) extrapolated over ``budgets``; the shaded span is the
+    range of budgets the paper trained.  ``laws`` maps a label to a FitResult."""
+    import numpy as np
+    from .law import compute_optimal, predict
+    left, right = axes
+    styles = ["-", "--", ":", "-."]
+    for r in sorted(minima_runs["r"].unique()):
+        g = minima_runs[minima_runs["r"] == r].sort_values("budget")
+        left.scatter(g["budget"], g["loss"], color=r_color(r), s=30, zorder=3)
+        for (label, law), ls in zip(laws.items(), styles):
+            left.plot(g["budget"], predict(law, g["n_once"], g["n_rec"], g["r"], g["tokens"]),
+                      color=r_color(r), ls=ls, lw=1.2)
+    for r in sorted(minima_runs["r"].unique()):
+        left.scatter([], [], color=r_color(r), label=f"published L*, r = {int(r)}")
+    for (label, _), ls in zip(laws.items(), styles):
+        left.plot([], [], color="0.3", ls=ls, label=label)
+    left.set_xscale("log")
+    left.set_xlabel("training budget C (FLOPs)")
+    left.set_ylabel("loss at the iso-FLOP minimum (nats/token)")
+    left.legend(fontsize=LEGEND_FONTSIZE)
+    budgets = np.logspace(17.5, 23, 23) if budgets is None else np.asarray(budgets, float)
+    cmin, cmax = float(minima_runs["budget"].min()), float(minima_runs["budget"].max())
+    right.axvspan(cmin, cmax, color="0.9", label="budgets of the paper's sweep")
+    for (label, law), ls in zip(laws.items(), styles):
+        co = compute_optimal(law, r=(1,), budgets=budgets, s_grid=np.arange(2, 400, 1.0))
+        right.plot(co["budget"], co["loss_star"], color="0.2", ls=ls, label=f"{label} (E = {law.E:.2f})")
+    right.set_xscale("log")
+    right.set_xlabel("training budget C (FLOPs)")
+    right.set_ylabel("compute-optimal loss, r = 1 (nats/token)")
+    right.legend(fontsize=LEGEND_FONTSIZE)
+    return axes
+
+
+def plot_phi_comparison(ax, cs, paper_baseline: float, paper_variant: float):
+    """phi of a case study (`looped.case_studies.CaseStudy`) and of its baseline, with bootstrap intervals
+    where there are any, beside the paper's two values (Table 3)."""
+    import numpy as np
+    labels = ["baseline", cs.name]
+    x = np.arange(2)
+    ax.scatter(x + 0.12, [paper_baseline, paper_variant], marker="s", s=50, color=PAPER_COLOR,
+               label="paper (Table 3)", zorder=3)
+    fits = [(i, res) for i, res in enumerate((cs.baseline, cs.variant)) if res is not None and res.phi is not None]
+    if fits:
+        xs = [i - 0.12 for i, _ in fits]
+        vals = [res.phi for _, res in fits]
+        lo = [res.ci.get("phi", (res.phi, res.phi))[0] for _, res in fits]
+        hi = [res.ci.get("phi", (res.phi, res.phi))[1] for _, res in fits]
+        ax.errorbar(xs, vals, yerr=[np.subtract(vals, lo), np.subtract(hi, vals)], fmt="o", color=OURS_COLOR,
+                    capsize=4, label="ours (95% bootstrap interval)", zorder=3)
+        # keep the estimates readable: an interval running far out (to the edge of the fitting
+        # box) is cut at the frame and its end written beside it
+        points = list(vals) + [paper_baseline, paper_variant]
+        bottom, top = min(points) - 0.6, max(points) + 0.6
+        if min(lo) > bottom - 0.4:          # a little past the frame: widen it instead of cutting
+            bottom = min(bottom, min(lo) - 0.05)
+        if max(hi) < top + 0.4:
+            top = max(top, max(hi) + 0.05)
+        ax.set_ylim(bottom, top)
+        for xi, l, h in zip(xs, lo, hi):
+            for end, edge, va in ((l, bottom, "bottom"), (h, top, "top")):
+                if (end < edge) if va == "bottom" else (end > edge):
+                    edge_note = " (box edge)" if abs(abs(end) - 3.0) < 1e-3 else ""
+                    ax.annotate(f"to {end:.2f}{edge_note}", (xi, edge), xytext=(4, 3 if va == "bottom" else -3),
+                                textcoords="offset points", fontsize=LEGEND_FONTSIZE, color=OURS_COLOR, va=va)
+    for i in sorted({0, 1} - {i for i, _ in fits}):
+        ax.annotate("ours: not fitted\n(too few runs)", (i, paper_variant if i else paper_baseline),
+                    xytext=(0, -28), textcoords="offset points", ha="center", fontsize=8, color="0.4")
+    ax.set_xticks(x, labels)
+    ax.set_xlim(-0.6, 1.6)
+    ax.set_ylabel(r"fitted $\varphi$")
+    ax.grid(alpha=0.3, axis="y")
+    ax.xaxis.grid(False)
+    ax.legend(fontsize=8, loc="best")
+    return ax
+
+
+def plot_effective_size_vs_phi(ax=None, preset: str = "paper", s: float = 32, r_values=(2, 4, 8),
+                               phi: float = PAPER_PHI, phi_ci=PAPER_PHI_CI, marks=None):
+    """Loss-equivalent size of the r-loop sibling vs phi (solid), with its unique size (dashed)
+    and compute-equivalent size (dotted), all relative to the plain model of the same width.
+    `marks` maps labels to phi values drawn as thin vertical lines (e.g. the case studies)."""
+    import matplotlib.pyplot as plt
+    from .law import effective_size_vs_phi
+    df = effective_size_vs_phi(preset, s=s, r_values=r_values)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.5, 4.2))
+    ax.axvspan(*phi_ci, color="0.85", alpha=0.6, lw=0, label=f"95% CI of φ [{phi_ci[0]}, {phi_ci[1]}]")
+    ax.axvline(phi, color="0.3", lw=1.0, label=f"φ = {phi:g}")
+    for label, value in (marks or {}).items():
+        ax.axvline(value, color="0.55", lw=0.8, ls=(0, (1, 2)))
+        ax.text(value, 0.04, f" {label}", rotation=90, fontsize=LEGEND_FONTSIZE, color="0.35", va="bottom", ha="right")
+    for r in r_values:
+        g = df[df.r == r]
+        c = r_color(r)
+        ax.plot(g.phi, g.loss_equivalent, color=c, lw=2, label=f"r = {r}: loss-equivalent $N_{{once}} + r^φ N_{{rec}}$")
+        ax.plot(g.phi, g.unique, color=c, lw=1.2, ls="--")
+        ax.plot(g.phi, g.compute_equivalent, color=c, lw=1.2, ls=":")
+    ax.plot([], [], color="0.4", ls="--", lw=1.2, label="unique N (any φ)")
+    ax.plot([], [], color="0.4", ls=":", lw=1.2, label="compute-equivalent N (any φ)")
+    ax.axhline(1.0, color="0.2", lw=0.6)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1.2)
+    ax.set_xlabel("φ (r passes of the shared block count as $r^φ$ copies)")
+    ax.set_ylabel("size / unique N of the plain model")
+    ax.legend(fontsize=LEGEND_FONTSIZE, loc="upper left", ncol=1, framealpha=0.9)
+    ax.grid(alpha=0.3)
+    return ax
+
+
+def plot_compute_optimal(axes, frontier, minima=None, paper_gaps=None, budget_range=None):
+    """Four panels on `axes` (2 x 2): N*(C), D*(C), L*(C) and the loss gap to r = 1, the law's
+    continuous frontier as lines (one per r), the published per-cell minima as markers,
+    the paper's reported gap ranges as bands, and the paper's budget range shaded."""
+    from .law import frontier_gaps
+    fr = frontier_gaps(frontier)
+    axes = list(getattr(axes, "flat", axes))
+    cols = [("n_star", "unique non-embedding params N*"), ("tokens_star", "training tokens D*"),
+            ("loss_star", "loss L* (nats/token)"), ("gap", "L*(r) - L*(r = 1) (nats/token)")]
+    pub = {"n_star": "n_star", "tokens_star": "tokens_star", "loss_star": "loss_star_nats", "gap": "gap"}
+    for ax, (col, label) in zip(axes, cols):
+        if budget_range is not None:
+            ax.axvspan(*budget_range, color="0.92", lw=0, zorder=0)
+        for r, g in fr.groupby("r"):
+            if col == "gap" and r == 1:
+                continue
+            c = r_color(r)
+            ax.plot(g.budget, g[col], color=c, lw=1.8, label=f"r = {r} (law)")
+            if minima is not None:
+                m = minima[minima.r == r]
+                ax.plot(m.budget, m[pub[col]], "o", color=c, ms=5, mfc="white", mew=1.4,
+                        label=f"r = {r} (paper minima)")
+        if col == "gap" and paper_gaps:
+            lo_c, hi_c = budget_range if budget_range is not None else (fr.budget.min(), fr.budget.max())
+            for r, (lo, hi) in paper_gaps.items():
+                ax.fill_between([lo_c, hi_c], lo, hi, color=r_color(r), alpha=0.15, lw=0)
+            ax.fill_between([], [], [], color="0.5", alpha=0.3, label="paper's reported ranges")
+        ax.set_xscale("log")
+        if col in ("n_star", "tokens_star"):
+            ax.set_yscale("log")
+        ax.set_xlabel("training compute C (FLOPs)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3, which="both")
+    axes[0].legend(fontsize=LEGEND_FONTSIZE, ncol=2, loc="upper left")
+    axes[3].legend(fontsize=LEGEND_FONTSIZE, loc="upper right")
+    return axes
+
+
+def plot_phi_profile(ax, profiles: dict, marks: dict | None = None):
+    """Fit objective against a fixed phi (`looped.analysis.phi_profile`), one curve per data set
+    (``profiles``: label -> profile table), each relative to its own minimum; ``marks``: label ->
+    (value, lo, hi) drawn as a point with an interval at the bottom (e.g. the paper's estimate)."""
+    colors = [OURS_COLOR, "0.35", "#8172b3", "#937860"]
+    for (label, prof), c in zip(profiles.items(), colors):
+        ax.plot(prof["phi"], prof["relative"], "o-", ms=3.5, lw=1.5, color=c, label=label)
+    for label, (v, lo, hi) in (marks or {}).items():
+        ax.axvspan(lo, hi, color=PAPER_COLOR, alpha=0.15, lw=0)
+        ax.axvline(v, color=PAPER_COLOR, lw=1.5, ls="--", label=label)
+    ax.axhline(1.0, color="0.6", lw=0.6)
+    ax.set_xlabel("φ held fixed")
+    ax.set_ylabel("Huber objective / its minimum")
+    ax.legend(fontsize=LEGEND_FONTSIZE)
+    return ax
+
+
+def plot_phi_forest(entries, ax=None, reference: float = PAPER_PHI, reference_ci=PAPER_PHI_CI):
+    """Forest plot of estimates of phi: one row per estimate, a point with its 95% interval as a
+    horizontal bar (a point alone where there is none), the paper's (orange squares) just above
+    ours (blue circles) in the band of each fit, a vertical line and band at the paper's joint
+    estimate and interval, and thin lines at phi = 0 and 1.
+
+    ``entries``: a DataFrame or a list of (label, source, phi, lo, hi) rows, source 'paper' or
+    'ours' (`looped.analysis.phi_estimates`); fits keep the order of their first row.  A NaN phi
+    is written as "not fitted"; an interval reaching far past the estimates is cut at the frame,
+    with its end written beside it.  Raises ValueError on an empty table, a missing column, an
+    unknown source or an interval whose ends are the wrong way round."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    from .solver import HI, LAW_PARAMS, LO
+    cols = ["label", "source", "phi", "lo", "hi"]
+    df = entries.copy() if isinstance(entries, pd.DataFrame) else pd.DataFrame(list(entries), columns=cols)
+    if missing := [c for c in cols if c not in df.columns]:
+        raise ValueError(f"phi forest: missing column(s) {', '.join(missing)}")
+    if not len(df):
+        raise ValueError("phi forest: no estimates to draw")
+    if bad := sorted(set(df["source"]) - {"paper", "ours"}):
+        raise ValueError(f"phi forest: unknown source(s) {bad}; use 'paper' or 'ours'")
+    df[["phi", "lo", "hi"]] = df[["phi", "lo", "hi"]].astype(float)
+    if (df["lo"] > df["hi"]).any():
+        raise ValueError("phi forest: an interval has lo > hi")
+    labels = list(dict.fromkeys(df["label"]))
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 0.55 * len(labels) + 1.6))
+    ref = [v for v in (*df["phi"], reference) if v == v]
+    left, right = min(min(ref), 0.0) - 0.25, max(max(ref), 1.0) + 0.25
+    ends = [v for v in (*df["lo"], *df["hi"]) if v == v]
+    left = min([left] + [v - 0.05 for v in ends if v > left - 0.4])   # a little past the frame: widen it
+    right = max([right] + [v + 0.05 for v in ends if v < right + 0.4])
+    ax.axvspan(*reference_ci, color=PAPER_COLOR, alpha=0.12, lw=0)
+    ax.axvline(reference, color=PAPER_COLOR, lw=1.2, ls="--", label=f"paper's joint φ = {reference:g} "
+               f"[{reference_ci[0]:g}, {reference_ci[1]:g}]")
+    for v in (0.0, 1.0):
+        ax.axvline(v, color="0.55", lw=0.7, ls=":")
+    box = (LO[LAW_PARAMS.index("phi")], HI[LAW_PARAMS.index("phi")])
+    style = {"paper": (PAPER_COLOR, "s", 0.17), "ours": (OURS_COLOR, "o", -0.17)}
+    for i, label in enumerate(labels):
+        y0 = -i
+        if i % 2 == 0:
+            ax.axhspan(y0 - 0.5, y0 + 0.5, color="0.5", alpha=0.07, lw=0)
+        for row in df[df["label"] == label].itertuples():
+            color, marker, dy = style[row.source]
+            y = y0 + dy
+            if row.phi != row.phi:
+                ax.text(left + 0.02, y, f"{row.source}: not fitted", va="center", fontsize=LEGEND_FONTSIZE,
+                        color="0.4")
+                continue
+            if row.lo == row.lo and row.hi == row.hi:
+                ax.plot([max(row.lo, left), min(row.hi, right)], [y, y], color=color, lw=1.8, solid_capstyle="butt")
+                for end, edge, m, ha in ((row.lo, left, "<", "left"), (row.hi, right, ">", "right")):
+                    if (end < edge) if m == "<" else (end > edge):
+                        note = " (box edge)" if min(abs(end - b) for b in box) < 1e-3 else ""
+                        ax.plot(edge, y, marker=m, color=color, ms=6, clip_on=False, zorder=4)
+                        ax.annotate(f"to {end:.2f}{note}", (edge, y), xytext=(7 if m == "<" else -7, 3),
+                                    textcoords="offset points", ha=ha, va="bottom", fontsize=LEGEND_FONTSIZE,
+                                    color=color)
+            ax.plot(row.phi, y, marker=marker, color=color, ms=6.5, mec="white", mew=0.6, ls="", zorder=3)
+    ax.plot([], [], color=PAPER_COLOR, marker="s", lw=1.8, label="paper (95% interval where published)")
+    ax.plot([], [], color=OURS_COLOR, marker="o", lw=1.8, label="ours, 95% block-bootstrap interval")
+    ax.set_yticks([-i for i in range(len(labels))], labels)
+    ax.set_ylim(-len(labels) + 0.5, 0.5)
+    ax.set_xlim(left, right)
+    ax.set_xlabel(f"fitted {_SYMBOLS['phi']} (r passes of the shared block count as $r^{_SYMBOLS['phi']}$ copies)")
+    ax.grid(alpha=0.3, axis="x")
+    ax.yaxis.grid(False)
+    ax.legend(fontsize=LEGEND_FONTSIZE, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
+    return ax
+
+
+def plot_neff_collapse(runs, law, axes=None, phis=None):
+    """The runs against the effective size N_once + r^phi N_rec (`looped.accounting.n_effective`)
+    at phi = 0 (unique N), at the law's fitted phi and at phi = 1 (every pass counted), one panel
+    each: colour is r (`R_COLORS`), marker the budget, a thin line joins the runs of one
+    (budget, r) cell, and the dashed curve is the law's size term E + A N_eff^-alpha.
+
+    The loss is drawn less the law's data term B D^-beta: at one budget the tokens follow the
+    width, and at phi = 1 the looped models and the plain model of the same width sit at about
+    the same N_eff, so the raw losses would line up near phi = 1 whatever phi the data hold.
+    Less that term, the runs of every r and budget fall onto the one curve at the phi that
+    describes them, and each title gives their RMSE around it (`looped.analysis.rmse_at_phi`).
+    Only phi changes from panel to panel; the other parameters are the law's.
+
+    ``runs``: columns r, n_once, n_rec, tokens, loss, budget; ``law``: a FitResult or dict with
+    phi (``phis`` replaces the three values).  ``axes``: three panels, or four (the fourth holds
+    the legend); default a 2 x 2 grid.  Raises ValueError for a law without phi (Chinchilla), a
+    missing column or no runs."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from .accounting import n_effective
+    from .analysis import rmse_at_phi
+    from .law import law_params
+    if missing := [c for c in ("r", "n_once", "n_rec", "tokens", "loss", "budget") if c not in runs.columns]:
+        raise ValueError(f"N_eff collapse: missing column(s) {', '.join(missing)}")
+    if not len(runs):
+        raise ValueError("N_eff collapse: no runs to draw")
+    runs = runs.reset_index(drop=True)
+    p = law_params(law)
+    fitted = p["phi"]
+    if fitted is None and phis is None:
+        raise ValueError("N_eff collapse: the law has no phi (a Chinchilla law); pass phis")
+    phis = [0.0, float(fitted), 1.0] if phis is None else [float(v) for v in phis]
+    if axes is None:
+        _, axes = plt.subplots(2, 2, figsize=(7.4, 6.6), sharey=True)
+    axes = list(np.ravel(axes))
+    if len(axes) < len(phis):
+        raise ValueError(f"N_eff collapse: {len(phis)} values of phi need {len(phis)} axes, got {len(axes)}")
+    marks = budget_markers(runs["budget"])
+    size_part = runs["loss"].to_numpy(float) - p["B"] * runs["tokens"].to_numpy(float) ** -p["beta"]
+    names = {0.0: "unique N", 1.0: "every pass counted"}
+    for ax, phi in zip(axes, phis):
+        x_all = n_effective(runs["n_once"].to_numpy(float), runs["n_rec"].to_numpy(float),
+                            runs["r"].to_numpy(float), phi)
+        for (b, r), g in runs.groupby(["budget", "r"]):
+            x, y = x_all[g.index.to_numpy()], size_part[g.index.to_numpy()]
+            order = np.argsort(x)
+            ax.plot(x[order], y[order], color=r_color(r), lw=0.9, alpha=0.7, marker=marks[float(b)], ms=4.5,
+                    mec="white", mew=0.4)
+        xx = np.geomspace(x_all.min(), x_all.max(), 100)
+        ax.plot(xx, p["E"] + p["A"] * xx ** -p["alpha"], color="black", lw=1.2, ls="--", zorder=4)
+        rmse = rmse_at_phi(p, runs, [phi])[phi]
+        what = "fitted" if fitted is not None and phi == float(fitted) else names.get(phi, "")
+        ax.set_title(f"φ = {phi:.3g}" + (f" ({what})" if what else "") + f"\nRMSE {rmse:.3f} nats", fontsize=10)
+        ax.set_xscale("log")
+        ax.set_xlabel("$N_\\mathrm{eff} = N_\\mathrm{once} + r^φ N_\\mathrm{rec}$")
+        ax.grid(alpha=0.3, which="both")
+        spec = ax.get_subplotspec()
+        if spec is None or spec.is_first_col():
+            ax.set_ylabel("loss $-\\,B D^{-β}$ (nats/token)")
+    rs = sorted(runs["r"].unique())
+    handles = [axes[0].plot([], [], color=r_color(r), marker="o", lw=0.9)[0] for r in rs]
+    labels = [f"r = {int(r)}" for r in rs]
+    handles += [axes[0].plot([], [], color="0.4", marker=m, ls="")[0] for m in marks.values()]
+    labels += [f"C = {power_of_ten(b)} FLOPs" for b in marks]
+    handles.append(axes[0].plot([], [], color="black", ls="--", lw=1.2)[0])
+    labels.append("the law: $E + A N_\\mathrm{eff}^{-α}$")
+    if len(axes) > len(phis):
+        axes[len(phis)].axis("off")
+        axes[len(phis)].legend(handles, labels, fontsize=LEGEND_FONTSIZE + 1, loc="center")
+    else:
+        axes[len(phis) - 1].legend(handles, labels, fontsize=LEGEND_FONTSIZE, loc="upper right")
+    return axes
