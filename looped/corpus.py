@@ -406,7 +406,7 @@ _SENT = re.compile(r"(?<=[.!?])[\"'”’)]*\s+(?=[\"'“‘(]*[A-Z0-9])")
 def dedup(docs: Iterable[tuple[str, list[str]]], seen: set | None = None, min_words: int = 8,
           sentences: bool = False) -> Iterator[tuple[str, list[str]]]:
     """Drop repeated paragraphs (normalised text hash; short ones such as headings are kept).
-    With `sentences`, also drop repeated sentences of `min_words`+ words, and the whole document
+    With `sentences`, also drop repeated sentences of at least `min_words` words, and the whole document
     if fewer than half of its sentences are new (overlapping excerpts of the same text)."""
     seen = set() if seen is None else seen
     ids = set()

@@ -1,7 +1,7 @@
 """Peak memory of one training step, predicted from the architecture; the automatic micro-batch.
 
 A step holds, at its peak (the backward of its last micro-batch, when the gradients of the
-earlier micro-batches and the optimizer state are already allocated):
+earlier micro-batches and the optimizer state are already allocated)::
 
     static  = parameters (fp32, 4 B) + gradients (fp32, 4 B) + optimizer state
               (MuonH: one fp32 momentum per matrix; AdamW: two fp32 moments per tensor)
@@ -11,7 +11,7 @@ earlier micro-batches and the optimizer state are already allocated):
 
 The bytes per token are a sum of named terms (`Coefficients`) calibrated against a FakeTensor +
 MemTracker measurement of the live model's forward and backward on the CPU under bf16
-autocast (the same cast policy as CUDA autocast for linear, bmm and attention):
+autocast (the same cast policy as CUDA autocast for linear, bmm and attention)::
 
     head  HEAD_BYTES_PER_LOGIT x padded vocab      (the fp32 softcap / cross-entropy tail)
     block block x d per block application with gradient, no_grad_block x d without
