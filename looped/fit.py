@@ -185,8 +185,8 @@ class FitResult:
         return [p for p in out if not (p == "phi" and self.phi is None)]
 
     def to_dict(self) -> dict:
-        d = {k: getattr(self, k) for k in ("A", "alpha", "B", "beta", "E", "phi", "r2", "huber",
-                                             "n_runs", "restarts", "law", "seed", "bootstrap", "seconds")}
+        d = {k: getattr(self, k) for k in (*LAW_PARAMS, "r2", "huber", "n_runs", "restarts", "law", "seed",
+                                             "bootstrap", "seconds")}
         d["fixed"] = dict(self.fixed)
         d["ci"] = {k: [float(v[0]), float(v[1])] for k, v in self.ci.items()}
         d["theta"] = dict(zip(THETA_PARAMS, map(float, self.theta)))

@@ -38,7 +38,9 @@ def law_params(law) -> dict:
     """A, alpha, B, beta, E, phi from a FitResult or a dict (phi None or absent: Chinchilla, N unique)."""
     get = (lambda k: law.get(k)) if isinstance(law, dict) else (lambda k: getattr(law, k))
     out = {k: get(k) for k in LAW_PARAMS}
-    for k in ("A", "alpha", "B", "beta", "E"):
+    for k in LAW_PARAMS:
+        if k == "phi":
+            continue
         if out[k] is None:
             raise FitError(f"the law has no value for {k}")
         out[k] = float(out[k])
