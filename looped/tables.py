@@ -160,6 +160,17 @@ HEADERS = {  # readable names of the column names used across the package
 _SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
 
 
+def runtime_text(seconds: float) -> str:
+    """A chapter's execution time as the intro's map states it: 'under a minute' or 'about N
+    minutes' (to the nearest half minute)."""
+    if not seconds == seconds or seconds < 0:
+        return "an unmeasured time"
+    if seconds < 60:
+        return "under a minute"
+    half = round(seconds / 30) / 2
+    return f"about {half:g} minute" + ("" if half == 1 else "s")
+
+
 def power_of_ten(v: float, digits: int = 3) -> str:
     """A number as mantissa x 10^k with a superscript exponent: 3e10 -> '3×10¹⁰', 2.15e19 -> '2.15×10¹⁹'."""
     if v == 0:

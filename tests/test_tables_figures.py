@@ -116,3 +116,11 @@ def test_phi_profile_has_its_minimum_near_the_fitted_phi(tmp_path):
     figures.plot_phi_profile(ax, {"minima": prof}, marks={"paper": (0.459, 0.41, 0.53)})
     fig.savefig(tmp_path / "p.png")
     plt.close(fig)
+
+
+def test_runtime_text():
+    from looped.tables import runtime_text
+    assert runtime_text(25) == "under a minute"
+    assert runtime_text(60) == "about 1 minute"
+    assert runtime_text(158) == "about 2.5 minutes" and runtime_text(322) == "about 5.5 minutes"
+    assert runtime_text(float("nan")) == "an unmeasured time"

@@ -13,9 +13,11 @@ The .ipynb files are generated: edit the .md, never the .ipynb.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,12 +63,25 @@ def build(md: Path) -> Path:
     print(f"[notebooks] executing {ipynb.relative_to(ROOT)}", flush=True)
     # the chapter's tolerance-checked numbers become its new references (looped.checks.checked)
     os.environ["LOOPED_RECORD_CHECKS"] = "1"
+    t0 = time.monotonic()
     pm.execute_notebook(str(ipynb), str(ipynb), cwd=str(BOOK), kernel_name="python3",
                         progress_bar=False, log_output=False)
+    record_runtime(md.stem, time.monotonic() - t0)
     nb = nbformat.read(ipynb, as_version=4)
     strip_volatile(nb)
     nbformat.write(nb, ipynb)
     return ipynb
+
+
+def record_runtime(stem: str, seconds: float) -> None:
+    """The chapter's execution time, for the intro's map of the book (book/checked/runtimes.json)."""
+    path = BOOK / "checked" / "runtimes.json"
+    times = json.loads(path.read_text()) if path.exists() else {}
+    times[stem] = round(seconds, 1)
+    path.parent.mkdir(exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(dict(sorted(times.items())), indent=1) + "\n")
+    os.replace(tmp, path)
 
 
 def check(mds: list[Path]) -> int:
