@@ -190,6 +190,7 @@ def preset_comparison(names=("paper", "cpu")):
             "tokens per optimizer step": f"{p.batch_tokens:,} ({p.batch_tokens // p.seq_len} rows)",
             "HyperP reference width": f"s = {p.ref_s:g} (d = {model_config(p, r=1, s=p.ref_s).d_model})",
             "validation tokens": f"{p.eval_tokens:,}",
+            "learning rates": "HyperP's transfer" if p.lr_scale == 1 else f"{p.lr_scale:g} x HyperP's transfer",
         }
     return pd.DataFrame(out)
 

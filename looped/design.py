@@ -73,7 +73,7 @@ def lr_verdict(table: pd.DataFrame, tolerance: float = 0.01) -> str:
         edge = row.best_multiplier in (min(done), max(done))
         gap = (f"multiplier 1 is {row.gap_at_1:.3f} nats worse" if row.gap_at_1 > 0
                else "that is the transfer itself")
-        parts.append(f"for $r = {int(row.r)}$ the best of the {len(done)} multipliers finished is "
+        parts.append(f"for *r* = {int(row.r)} the best of the {len(done)} multipliers finished is "
                      f"{row.best_multiplier:g} ({'at the edge of those' if edge else 'inside them'}; {gap})")
     preset = float(table.preset_multiplier.iloc[0])
     text = "In this sweep " + "; ".join(parts) + ". "
@@ -133,18 +133,18 @@ def grid_shape(study: str = "prose-main") -> pd.DataFrame:
 
 
 def study_cost(studies=("prose-main", "prose-truncated", "prose-hyper"), processes: int = 2) -> pd.DataFrame:
-    """Estimated hours of each study on this machine's CPU: `sweep.cpu_estimate`, i.e. wall time
-    fitted to the finished fast-path runs of the same preset, on one process and split over
-    `processes` (one per core), for the runs not yet recorded."""
+    """Estimated hours of each study on this machine's CPU, split over `processes` (one per
+    core): `sweep.cpu_estimate`, i.e. wall time fitted to the finished fast-path runs of the same
+    preset, for the whole study and for the runs not yet recorded."""
     from .config import REPO
     from .sweep import cpu_estimate, load_study
     rows = []
     for study in studies:
         runs = load_study(study)
         est = cpu_estimate(runs, REPO / "runs" / study, peak_flops=float("nan"), processes=processes)
-        rows.append({"study": study, "runs": len(runs), "to_do": est["todo"], "flops": est["flops"],
-                     "hours_one_process": est["hours"], f"hours_on_{processes}_processes": est["hours_wall"],
-                     "timed_from": est["basis"]})
+        rows.append({"study": study, "runs": len(runs), "flops": est["flops"],
+                     f"hours_on_{processes}_processes": est["hours_wall_all"], "to_do": est["todo"],
+                     "hours_left": est["hours_wall"], "timed_from": est["basis"]})
     return pd.DataFrame(rows)
 
 

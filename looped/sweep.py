@@ -566,9 +566,10 @@ def cpu_estimate(runs: list[Run], out: str | Path, peak_flops: float, mfu: float
     table["done"] = [record_status(out / f"{rid}.json") or "" for rid in table.run_id]
     left = table.est_seconds.where(~table.done.isin(["ok", "diverged"]), 0.0)
     shards = [left.iloc[k::processes].sum() for k in range(max(1, processes))]
+    whole = [table.est_seconds.iloc[k::processes].sum() for k in range(max(1, processes))]
     basis = (f"{timing[0] * 1e3:.0f} ms/step + {timing[1] * 1e12:.1f} s/TFLOP fitted to {len(finished)} "
              f"finished runs ({where})" if timing else
              f"{mfu:.0%} of the measured {peak_flops / 1e9:.0f} GFLOP/s matmul peak")
     return {"table": table, "todo": int((left > 0).sum()), "hours": float(left.sum()) / 3600,
-            "hours_wall": max(shards) / 3600, "basis": basis, "timing": timing,
+            "hours_wall": max(shards) / 3600, "hours_wall_all": max(whole) / 3600, "basis": basis, "timing": timing,
             "flops": float(table.flops_per_token.astype(float).mul(table.tokens.astype(float)).sum())}

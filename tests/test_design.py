@@ -124,7 +124,7 @@ def test_lr_verdict_says_what_the_preset_does(tmp_path, monkeypatch):
     for run in sweep.load_study("prose-lr"):
         write(tmp_path, run, 4.0 + 0.1 * math.log2(run.lr_scale / 1.4) ** 2)
     text = design.lr_verdict(design.lr_sweep("prose-lr", tmp_path))
-    assert "for $r = 1$ the best of the 5 multipliers finished is 1.4 (inside them; multiplier 1 is 0.024 nats worse)" in text
+    assert "for *r* = 1 the best of the 5 multipliers finished is 1.4 (inside them; multiplier 1 is 0.024 nats worse)" in text
     assert text.endswith("the preset has not been re-based yet.") or "re-bases it" in text
     from dataclasses import replace
 
