@@ -444,6 +444,7 @@ def test_cpu_estimate_times_a_new_study_with_the_presets_fast_path_runs(tmp_path
     assert est["hours"] == pytest.approx(secs.sum() / 3600)
     assert est["hours_wall"] == pytest.approx(max(secs.iloc[0::2].sum(), secs.iloc[1::2].sum()) / 3600)
     assert est["todo"] == len(runs) and "fast-path" in est["basis"]
+    assert est["hours_wall_all"] == pytest.approx(est["hours_wall"])  # nothing recorded yet
     # without any timing source it falls back to the assumed MFU of the peak
     bare = sweep.cpu_estimate(runs, tmp_path / "none", peak_flops=1e9, mfu=0.5,
                               timing_from=[str(tmp_path / "empty")])
