@@ -59,7 +59,7 @@ PRESETS = {
     # every width from d = 16 up has at least two heads (the paper's head_dim 128 would leave our
     # widths a single head), a 2048-token BPE, T 128, 16 rows (2048 tokens) per step, the HyperP
     # reference at s = 8 (d = 64).  The pilot (runs/prose_grids.csv) chose the widths; at 3e12
-    # FLOPs 2048 tokens per step beat 4096 by 0.03-0.08 nats (the runs are only 300-700 steps
+    # FLOPs 2048 tokens per step beat 4096 by 0.017-0.077 nats (the runs are only 228-1,355 steps
     # long) at the same tokens per second on this CPU (study prose-batch).  lr_scale 1.4 re-bases
     # HyperP's transfer: at the reference width and 1e13 FLOPs the paper's multiplier 1 was
     # 0.015 (r = 1) and 0.021 (r = 4) nats worse than the best, 1.4 within 0.005 of it (prose-lr).
