@@ -110,12 +110,13 @@ def iso_flop_minima(df) -> "pd.DataFrame":
 def study_plan(study: str = "cpu-main", peak_flops: float = 1.0, mfu: float = 1.0):
     """Every run of a named study with its size, tokens, steps and compute.
 
-    This is ``looped.sweep.plan`` (what ``looped sweep STUDY --dry-run`` prints) plus the
+    This is ``looped.estimate.plan`` (what ``looped sweep STUDY --dry-run`` prints) plus the
     columns ``run_flops`` (training FLOPs per token times tokens: the budget up to whole steps)
     and ``tokens_per_param`` (tokens per unique non-embedding parameter).  ``est_seconds`` is
     the run's wall time at ``mfu`` of ``peak_flops``.
     """
-    from .sweep import load_study, plan
+    from .estimate import plan
+    from .sweep import load_study
     table = plan(load_study(study), peak_flops, mfu)
     table["run_flops"] = table["flops_per_token"].astype(float) * table["tokens"]
     table["tokens_per_param"] = table["tokens"] / table["n"]

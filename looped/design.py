@@ -132,16 +132,22 @@ def grid_shape(study: str = "prose-main") -> pd.DataFrame:
                          for _, row in sorted(rows.items())])
 
 
-def study_cost(studies=("prose-main", "prose-truncated", "prose-hyper"), processes: int = 2) -> pd.DataFrame:
+def study_cost(studies=("prose-main", "prose-truncated", "prose-hyper"), processes: int = 2,
+               timing_from=("prose-pilot", "prose-lr", "prose-seeds", "prose-batch")) -> pd.DataFrame:
     """Estimated hours of each study on this machine's CPU, split over `processes` (one per
-    core): `sweep.cpu_estimate`, i.e. wall time fitted to the finished fast-path runs of the same
-    preset, for the whole study and for the runs not yet recorded."""
+    core): `estimate.cpu_estimate`, i.e. wall time fitted to the finished fast-path runs of the
+    `timing_from` studies (the design runs by default, so the estimate does not drift while the
+    study itself runs; None: the study's own runs once it has some), for the whole study and for
+    the runs not yet recorded."""
     from .config import REPO
-    from .sweep import cpu_estimate, load_study
+    from .estimate import cpu_estimate
+    from .sweep import load_study
+    sources = None if timing_from is None else [REPO / "runs" / name for name in timing_from]
     rows = []
     for study in studies:
         runs = load_study(study)
-        est = cpu_estimate(runs, REPO / "runs" / study, peak_flops=float("nan"), processes=processes)
+        est = cpu_estimate(runs, REPO / "runs" / study, peak_flops=float("nan"), processes=processes,
+                           timing_from=sources)
         rows.append({"study": study, "runs": len(runs), "flops": est["flops"],
                      f"hours_on_{processes}_processes": est["hours_wall_all"], "to_do": est["todo"],
                      "hours_left": est["hours_wall"], "timed_from": est["basis"]})

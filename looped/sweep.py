@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import accounting
 from .config import DEFAULT_SEED, REPO, ConfigError, get_preset, model_config, run_name
+from .estimate import DEFAULT_GPU, DEFAULT_GPU_MFU, GPU_SPECS, cpu_estimate, detect_gpu, gpu_plan
+from .estimate import plan  # noqa: F401  (chapters 5 and 6 price the paper's case studies as sweep.plan)
 
 GRID_FILES = {"paper": REPO / "runs" / "paper" / "grids.csv", "cpu": REPO / "runs" / "cpu_grids.csv",
               "gpu": REPO / "runs" / "gpu_grids.csv", "prose": REPO / "runs" / "prose_grids.csv"}
@@ -148,95 +149,6 @@ def record_status(path: Path) -> str | None:
         return "corrupt"
 
 
-def plan(runs: list[Run], peak_flops: float, mfu: float, timing: tuple[float, float] | None = None) -> pd.DataFrame:
-    """Every run's size, tokens and steps, and an estimate of its wall time.
-
-    With `timing` = (seconds per step, seconds per FLOP) fitted to finished runs on this
-    machine (see `time_model`) the estimate includes the per-step overhead that dominates
-    small models; otherwise it assumes `mfu` of the measured matmul peak.
-    """
-    rows = []
-    for run in runs:
-        cfg = run.model_config()
-        s = accounting.summary(cfg, run.budget, run.tokens_per_step)
-        flops = s["flops_per_token"] * s["tokens"]
-        est = timing[0] * s["steps"] + timing[1] * flops if timing else flops / (peak_flops * mfu)
-        rows.append({"run_id": run.run_id, "budget": run.budget, "r": run.r, "s": run.s,
-                     "injection": run.injection, "bptt_k": cfg.k_bwd, "d_model": cfg.d_model,
-                     "n": s["n"], "n_once": s["n_once"], "n_rec": s["n_rec"],
-                     "flops_per_token": s["flops_per_token"], "tokens": s["tokens"], "steps": s["steps"],
-                     "est_seconds": est})
-    return pd.DataFrame(rows)
-
-
-# Dense bf16 tensor-core peaks (vendor spec sheets, SXM parts unless named) and memory, for
-# dry-run GPU-hour estimates: estimated hours = FLOPs / (peak x assumed MFU).  The MFU is an
-# assumption (--mfu), not a measurement; `tools/gpu_check.py` measures it on a real device.
-GPU_SPECS = {  # name -> (peak FLOP/s, memory bytes)
-    "H200": (989e12, 141e9),
-    "H100": (989e12, 80e9),
-    "H100-PCIe": (756e12, 80e9),
-    "A100": (312e12, 80e9),
-    "A100-40GB": (312e12, 40e9),
-    "L40S": (362e12, 48e9),
-}
-DEFAULT_GPU = "H200"   # assumed when no GPU is visible (the device this project checks on)
-DEFAULT_GPU_MFU = 0.35
-
-
-def detect_gpu() -> tuple[str, float, float] | None:
-    """(name, spec peak, total memory) of the visible CUDA device; None without one."""
-    import torch
-    if not torch.cuda.is_available():
-        return None
-    name = torch.cuda.get_device_name(0)
-    total = float(torch.cuda.get_device_properties(0).total_memory)
-    for key in sorted(GPU_SPECS, key=len, reverse=True):
-        if key.split("-")[0] in name and (key != "A100-40GB" or total < 60e9):
-            return name, GPU_SPECS[key][0], total
-    return name, float("nan"), total
-
-
-def gpu_plan(runs: list[Run], peak_flops: float, mfu: float, device_memory: float, gpus: int = 1,
-             micro_batch: int | None = None, dtype: str = "bf16") -> pd.DataFrame:
-    """`plan` for GPUs: each run's micro-batch (automatic for `device_memory` per GPU unless
-    given), its predicted peak memory (looped.memory) and estimated GPU-hours at `mfu` of
-    `peak_flops`; `gpus` data-parallel processes share each step's rows."""
-    from . import memory
-    table = plan(runs, peak_flops, mfu)
-    micro, mem = [], []
-    for run in runs:
-        cfg = run.model_config()
-        rows = run.tokens_per_step // cfg.seq_len
-        if rows % gpus:
-            raise SweepError(f"{rows} rows per step do not split over {gpus} GPUs")
-        m = micro_batch or memory.auto_micro_batch(cfg, rows // gpus, device_memory, dtype)
-        micro.append(m)
-        mem.append(memory.predict_peak(cfg, m, dtype)["peak_bytes"] / 1e9)
-    table["micro_batch"] = micro
-    table["mem_GB"] = mem
-    table["gpu_hours"] = table.est_seconds / 3600
-    return table
-
-
-def time_model(records: pd.DataFrame) -> tuple[float, float] | None:
-    """Least-squares fit of wall seconds = a * steps + b * FLOPs over finished runs (a, b >= 0).
-
-    Needs at least 4 finished runs; returns None otherwise (the caller falls back to the peak).
-    """
-    import numpy as np
-    ok = records[(records.status == "ok") & records.wall_seconds.notna()]
-    if len(ok) < 4:
-        return None
-    X = np.stack([ok.steps.astype(float), ok.flops_per_token.astype(float) * ok.tokens.astype(float)], 1)
-    coef = np.linalg.lstsq(X, ok.wall_seconds.astype(float).to_numpy(), rcond=None)[0]
-    if (coef < 0).any():  # one term explains it all: keep the better single-term fit
-        single = [float(ok.wall_seconds @ X[:, j] / (X[:, j] @ X[:, j])) for j in (0, 1)]
-        err = [np.sum((ok.wall_seconds - single[j] * X[:, j]) ** 2) for j in (0, 1)]
-        coef = np.array([single[0], 0.0]) if err[0] <= err[1] else np.array([0.0, single[1]])
-    return float(coef[0]), float(coef[1])
-
-
 def sweep(study: str, out: str | Path, shard: tuple[int, int] = (0, 1), checkpoint_every: int = 25,
           quiet: bool = True, log=print, grid: str | Path | None = None, preset: str = "cpu",
           budgets=None, sizes=None, **train_kw) -> pd.DataFrame:
@@ -259,6 +171,14 @@ def sweep(study: str, out: str | Path, shard: tuple[int, int] = (0, 1), checkpoi
             if stale.exists():                         # deleting its checkpoint
                 stale.unlink(missing_ok=True)
             continue
+        claim = _claim(out, run.run_id)
+        if claim is None:
+            log(f"[{n}/{len(mine)}] {run.run_id}: skipped, another sweep is training it")
+            continue
+        status = record_status(path)  # again: the other sweep may have finished it meanwhile
+        if status in ("ok", "diverged"):
+            claim()
+            continue
         log(f"[{n}/{len(mine)}] {run.run_id}" + (" (retrying failed run)" if status else ""))
         t0 = time.time()
         tc = run.train_config(out=str(path), checkpoint_every=checkpoint_every, quiet=quiet,
@@ -275,7 +195,67 @@ def sweep(study: str, out: str | Path, shard: tuple[int, int] = (0, 1), checkpoi
                                          "error": f"{type(e).__name__}: {e}", "r": run.r, "s": run.s,
                                          "budget": run.budget, "injection": run.injection})
             log(f"    failed: {type(e).__name__}: {e}")
+        finally:
+            claim()
     return read_records(out)
+
+
+def _claim(out: Path, run_id: str):
+    """An exclusive lock on one run, or None if another process holds it: two sweeps over one
+    folder (a restart while the first still runs, a second process without --shard) never train
+    the same run at once, and unsharded processes share a study's runs between them.  The lock
+    dies with its process.  Under torchrun every rank trains the same run, so ranks do not lock."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return lambda: None
+    import fcntl
+    folder = out / "ckpt"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{run_id}.lock"
+    handle = open(path, "w")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        return None
+
+    def release():  # whoever opens the name later re-checks the record under its own lock
+        path.unlink(missing_ok=True)
+        handle.close()
+        try:
+            folder.rmdir()  # only if empty: checkpoints of other runs stay
+        except OSError:
+            pass
+    return release
+
+
+def adopt_records(runs: list[Run], out: str | Path, sources) -> list[str]:
+    """Copy finished records of identical runs from `sources` (folders, e.g. a pilot's) into
+    `out` instead of training them again, so a study can grow out of the pilot that placed it.
+
+    Identical means the same model config, budget, tokens per step, seed and effective LR
+    multiplier; the copy names its origin in `copied_from` (so timing fits count it once) and a
+    record already in `out` is never replaced.  Returns the adopted run ids."""
+    from .train import atomic_write_json
+    out, adopted = Path(out), []
+    for run in runs:
+        if record_status(out / f"{run.run_id}.json") is not None:
+            continue
+        want = {"budget": run.budget, "batch_tokens": run.tokens_per_step, "seed": run.seed,
+                "lr_scale": run.lr_scale if run.lr_scale is not None else get_preset(run.preset).lr_scale}
+        config = run.model_config().to_dict()
+        for src in map(Path, sources):
+            try:
+                rec = json.loads((src / f"{run.run_id}.json").read_text())
+            except (OSError, ValueError):
+                continue
+            same = (rec.get("status") == "ok" and all(rec.get(k) == v for k, v in want.items())
+                    and all(rec.get("config", {}).get(k) == v for k, v in config.items()))
+            if same:
+                atomic_write_json(out / f"{run.run_id}.json",
+                                  {**rec, "study": run.study, "copied_from": f"{src.name}/{run.run_id}.json"})
+                adopted.append(run.run_id)
+                break
+    return adopted
 
 
 # ----------------------------------------------------------------------------- runs tables
@@ -378,6 +358,9 @@ def main(argv=None) -> int:
     ap.add_argument("--checkpoint-every", type=int, default=25)
     ap.add_argument("--budgets", default=None, help="comma list: run only these budgets (e.g. 3e12,1e13)")
     ap.add_argument("--verbose", action="store_true", help="progress bar per run")
+    ap.add_argument("--reuse", nargs="+", default=None, metavar="DIR",
+                    help="first copy finished records of identical runs from these folders (e.g. the "
+                         "pilot's) instead of training them again; the copies say where they came from")
     t = ap.add_argument_group("training (passed to every run)")
     t.add_argument("--micro-batch", type=int, default=None,
                    help="rows per forward pass per process (default: automatic from the device's memory)")
@@ -438,6 +421,13 @@ def main(argv=None) -> int:
             return _write_slurm(a, out)
         if a.dry_run:
             return _dry_run(a, runs, out, i, n)
+        if a.reuse:
+            missing = [d for d in a.reuse if not Path(d).is_dir()]
+            if missing:
+                raise SweepError(f"--reuse: {', '.join(missing)} is not a folder of run records")
+            adopted = adopt_records([run for run in runs if budgets is None or any(
+                abs(run.budget / b - 1) < 1e-6 for b in budgets)], out, a.reuse)
+            print(f"{a.study}: adopted {len(adopted)} finished run(s) from {', '.join(a.reuse)}")
         table = sweep(a.study, out, (i, n), a.checkpoint_every, quiet=not a.verbose, grid=a.grid,
                       preset=a.preset, budgets=budgets, **train_kw)
     except (SweepError, ConfigError) as e:
@@ -526,50 +516,3 @@ def _dry_run(a, runs: list[Run], out: Path, i: int, n: int) -> int:
     print(f"\n{len(table)} runs ({est['todo']} to do), {est['flops']:.3g} FLOPs; estimated "
           f"{est['hours']:.2f} h left on one process{wall}, at {est['basis']}")
     return 0
-
-
-def fast_path_records(preset: str, runs_root: str | Path | None = None) -> pd.DataFrame:
-    """Finished fast-path runs of `preset` in every study folder under runs/: the measured speed
-    a new study's dry run is timed with before it has finished runs of its own (records copied
-    from another study are skipped, so no run counts twice)."""
-    rows = []
-    for path in sorted(Path(runs_root or REPO / "runs").glob("*/*.json")):
-        try:
-            rec = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if (isinstance(rec, dict) and rec.get("preset") == preset and rec.get("compile")
-                and rec.get("status") == "ok" and "copied_from" not in rec):
-            rows.append({c: rec.get(c) for c in COLUMNS})
-    return pd.DataFrame(rows, columns=COLUMNS)
-
-
-def cpu_estimate(runs: list[Run], out: str | Path, peak_flops: float, mfu: float = 0.3,
-                 timing_from=None, processes: int = 1) -> dict:
-    """How long the unfinished `runs` take on this CPU: wall seconds = a * steps + b * FLOPs,
-    fitted to finished runs (`timing_from` folders; else the study's own folder once it has 4;
-    else every fast-path run of the same preset under runs/), or `mfu` of `peak_flops` without
-    any.  `hours_wall` is the longest of `processes` round-robin shards, as `--shard i/P` splits
-    the study over one process per core."""
-    out = Path(out)
-    if timing_from:
-        sources = [Path(p) for p in timing_from]
-        finished = pd.concat([read_records(p) for p in sources if p.is_dir()] or [pd.DataFrame(columns=COLUMNS)])
-        where = ", ".join(map(str, sources))
-    else:
-        finished = read_records(out) if out.is_dir() else pd.DataFrame(columns=COLUMNS)
-        where = str(out)
-        if time_model(finished) is None and runs:
-            finished, where = fast_path_records(runs[0].preset), f"the {runs[0].preset} preset's fast-path runs under runs/"
-    timing = time_model(finished)
-    table = plan(runs, peak_flops, mfu, timing)
-    table["done"] = [record_status(out / f"{rid}.json") or "" for rid in table.run_id]
-    left = table.est_seconds.where(~table.done.isin(["ok", "diverged"]), 0.0)
-    shards = [left.iloc[k::processes].sum() for k in range(max(1, processes))]
-    whole = [table.est_seconds.iloc[k::processes].sum() for k in range(max(1, processes))]
-    basis = (f"{timing[0] * 1e3:.0f} ms/step + {timing[1] * 1e12:.1f} s/TFLOP fitted to {len(finished)} "
-             f"finished runs ({where})" if timing else
-             f"{mfu:.0%} of the measured {peak_flops / 1e9:.0f} GFLOP/s matmul peak")
-    return {"table": table, "todo": int((left > 0).sum()), "hours": float(left.sum()) / 3600,
-            "hours_wall": max(shards) / 3600, "hours_wall_all": max(whole) / 3600, "basis": basis, "timing": timing,
-            "flops": float(table.flops_per_token.astype(float).mul(table.tokens.astype(float)).sum())}

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from looped import design, sweep
+from looped import design, estimate, sweep
 from looped.train import atomic_write_json
 
 
@@ -75,7 +75,7 @@ def test_grid_batch_column_names_and_trains_the_run():
     assert tc.batch_tokens == 4096 and tc.lr_scale == 0.5 ** 0.558
     from looped.train import run_id
     assert run_id(tc) == runs[0].run_id
-    plan = sweep.plan(runs, peak_flops=1e9, mfu=0.5)
+    plan = estimate.plan(runs, peak_flops=1e9, mfu=0.5)
     assert (plan.tokens / plan.steps == 4096).all()
 
 

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 import torch
 
-from looped import accounting, data, sweep
+from looped import accounting, data, estimate, sweep
 from looped.config import model_config
 from looped.train import atomic_write_json
 
@@ -230,7 +230,7 @@ def test_dry_run_lists_every_run_and_writes_nothing(study, tmp_path, capsys):
         assert int(fields["n"]) == s["n"]
     assert f"{len(runs)} runs ({len(runs)} to do)" in text and " h left" in text
     assert not out.exists()
-    table = sweep.plan(runs, peak_flops=1e9, mfu=0.5)
+    table = estimate.plan(runs, peak_flops=1e9, mfu=0.5)
     assert list(table.run_id) == [r.run_id for r in runs]
     assert (table.est_seconds == table.flops_per_token * table.tokens / 5e8).all()
 
@@ -435,10 +435,10 @@ def test_cpu_estimate_times_a_new_study_with_the_presets_fast_path_runs(tmp_path
         # an eager run and a copied record must not count
         atomic_write_json(root / "eager" / f"{run.run_id}.json", {**rec, "compile": False, "wall_seconds": 1.0})
         atomic_write_json(root / "copy" / f"{run.run_id}.json", {**rec, "copied_from": "x", "wall_seconds": 1.0})
-    found = sweep.fast_path_records("prose", root)
+    found = estimate.fast_path_records("prose", root)
     assert len(found) == len(sweep.load_study("prose-pilot"))
-    monkeypatch.setattr(sweep, "fast_path_records", lambda preset, orig=sweep.fast_path_records: orig(preset, root))
-    est = sweep.cpu_estimate(runs, tmp_path / "runs" / "new", peak_flops=1e9, processes=2)
+    monkeypatch.setattr(estimate, "fast_path_records", lambda preset, orig=estimate.fast_path_records: orig(preset, root))
+    est = estimate.cpu_estimate(runs, tmp_path / "runs" / "new", peak_flops=1e9, processes=2)
     assert est["timing"] == pytest.approx((0.2, 1e-10), rel=1e-6)
     secs = est["table"].est_seconds
     assert est["hours"] == pytest.approx(secs.sum() / 3600)
@@ -446,6 +446,58 @@ def test_cpu_estimate_times_a_new_study_with_the_presets_fast_path_runs(tmp_path
     assert est["todo"] == len(runs) and "fast-path" in est["basis"]
     assert est["hours_wall_all"] == pytest.approx(est["hours_wall"])  # nothing recorded yet
     # without any timing source it falls back to the assumed MFU of the peak
-    bare = sweep.cpu_estimate(runs, tmp_path / "none", peak_flops=1e9, mfu=0.5,
+    bare = estimate.cpu_estimate(runs, tmp_path / "none", peak_flops=1e9, mfu=0.5,
                               timing_from=[str(tmp_path / "empty")])
     assert bare["timing"] is None and "50% of the measured" in bare["basis"]
+
+
+def test_reuse_adopts_identical_finished_runs_only(reference, grid_csv, tmp_path, monkeypatch, capsys):
+    """`looped sweep --reuse DIR` copies a pilot's finished records of identical runs instead of
+    training them again; a record under the same name but trained differently (here: at another
+    LR multiplier, as when a preset's default moved after the pilot) is trained afresh, and the
+    copies say where they came from, so timing fits do not count them twice."""
+    src, _, _ = reference
+    pilot = tmp_path / "pilot"
+    recs = records(src)
+    ids = sorted(recs)
+    for rid in ids:
+        atomic_write_json(pilot / f"{rid}.json", recs[rid])
+    atomic_write_json(pilot / f"{ids[0]}.json", {**recs[ids[0]], "lr_scale": 0.5})
+    atomic_write_json(pilot / f"{ids[1]}.json", {**recs[ids[1]], "status": "failed"})
+    out = tmp_path / "main"
+    atomic_write_json(out / f"{ids[2]}.json", {**recs[ids[2]], "loss": 9.0})  # already there: kept
+    calls = []
+    monkeypatch.setattr("looped.train.train", fake_train(calls))
+    assert sweep.main([STUDY, "--grid", str(grid_csv), "--preset", "tiny", "--out", str(out),
+                       "--reuse", str(pilot)]) == 0
+    assert sorted(calls) == sorted([ids[0], ids[1]])
+    assert f"adopted {len(ids) - 3} finished run(s)" in capsys.readouterr().out
+    final = records(out)
+    assert final[ids[2]]["loss"] == 9.0 and "copied_from" not in final[ids[2]]
+    for rid in ids[3:]:
+        assert final[rid]["copied_from"] == f"pilot/{rid}.json"
+        assert final[rid]["loss"] == recs[rid]["loss"] and final[rid]["study"] == STUDY
+    assert sweep.main([STUDY, "--grid", str(grid_csv), "--preset", "tiny", "--out", str(out),
+                       "--reuse", str(tmp_path / "nowhere")]) == 2
+    assert "is not a folder of run records" in capsys.readouterr().err
+
+
+def test_a_run_another_sweep_is_training_is_skipped(grid_csv, tmp_path, monkeypatch):
+    """Two sweeps over one folder never train one run at once: a run whose lock another
+    process holds is skipped (here the lock is held from this process through its own file
+    handle, which flock treats like another process), the rest run, and no lock files remain."""
+    import fcntl
+    runs = sweep.load_study(STUDY, grid_csv, "tiny")
+    out = tmp_path / "out"
+    (out / "ckpt").mkdir(parents=True)
+    held = open(out / "ckpt" / f"{runs[0].run_id}.lock", "w")
+    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    calls, log = [], []
+    monkeypatch.setattr("looped.train.train", fake_train(calls))
+    sweep.sweep(STUDY, out, grid=grid_csv, preset="tiny", log=log.append)
+    assert sorted(calls) == sorted(run.run_id for run in runs[1:])
+    assert any(f"{runs[0].run_id}: skipped, another sweep is training it" in line for line in log)
+    held.close()
+    sweep.sweep(STUDY, out, grid=grid_csv, preset="tiny", log=log.append)
+    assert calls[-1] == runs[0].run_id and len(calls) == len(runs)
+    assert not (out / "ckpt").exists()
