@@ -21,7 +21,9 @@ from .sweep import read_records
 def pilot_optima(study: str = "prose-pilot", runs_dir=None, tokens_per_param=(10.0, 40.0)) -> pd.DataFrame:
     """Per (budget, r) cell of a pilot: the iso-FLOP vertex (unique params N*, d_model of the
     nearest trained width, tokens per unique parameter) and whether it is bracketed by the
-    widths trained and inside the `tokens_per_param` window."""
+    widths trained and, for r = 1, inside the `tokens_per_param` window (a looped model shares
+    its parameters, so at equal compute it sees more tokens per unique parameter: the window is
+    a criterion for the plain model only)."""
     table = study_table(study, runs_dir)
     cells = iso_flop_cells(table)
     ok = table[(table.status == "ok") & table.loss.notna()]
@@ -37,7 +39,7 @@ def pilot_optima(study: str = "prose-pilot", runs_dir=None, tokens_per_param=(10
         rows.append(dict(budget=c.budget, r=c.r, finished=c.finished, fitted=True, n_star=c.n_star,
                          d_nearest=int(nearest.d_model), tokens_per_param=c.tokens_per_param,
                          best_loss=float(g.loss.min()), inside=bool(c.inside and c.opens_up),
-                         in_window=bool(lo <= c.tokens_per_param <= hi)))
+                         in_window=bool(lo <= c.tokens_per_param <= hi) if c.r == 1 else None))
     return pd.DataFrame(rows)
 
 
