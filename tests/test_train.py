@@ -174,7 +174,7 @@ def test_corrupt_checkpoint_is_a_one_line_error(tmp_path, tiny_data, capsys):
     with pytest.raises(TrainError, match="unreadable"):
         train(TrainConfig(**tc))
     args = ["--preset", "tiny", "--recurrences", "2", "--size", "1", "--steps", "10", "--quiet", "--out", str(out),
-            "--checkpoint-every", "2"]
+            "--checkpoint-every", "2", "--no-compile"]  # eager, like the run that wrote the checkpoint
     assert train_main(args) == 2
     err = capsys.readouterr().err.strip()
     assert "unreadable" in err and len(err.splitlines()) == 1 and "Traceback" not in err
@@ -238,7 +238,8 @@ def test_nan_loss_stops_the_run_as_diverged(tmp_path, tiny_data, monkeypatch, ca
     assert files_under(out.parent) == ["bad.json"]
     # the CLI says so with exit code 3 (not an error: the record is a valid result)
     calls["n"] = 0
-    code = train_main(["--preset", "tiny", "--size", "1", "--steps", "20", "--quiet", "--out", str(tmp_path / "cli.json")])
+    code = train_main(["--preset", "tiny", "--size", "1", "--steps", "20", "--quiet", "--no-compile",  # eager, like BASE:
+                       "--out", str(tmp_path / "cli.json")])  # the poisoned forward would recompile every step
     assert code == 3 and '"status": "diverged"' in capsys.readouterr().out
     # the fitter ignores diverged runs
     fit = pytest.importorskip("looped.fit")
@@ -301,7 +302,8 @@ def test_budget_beyond_the_corpus_is_refused(tmp_path, tiny_data, capsys):
 
 def test_cli_accepts_the_torchrun_separator(tmp_path, tiny_data, capsys):
     out = tmp_path / "rec.json"
-    assert train_main(["--", "--preset", "tiny", "--r", "1", "--size", "1", "--steps", "2", "--quiet", "--out", str(out)]) == 0
+    assert train_main(["--", "--preset", "tiny", "--r", "1", "--size", "1", "--steps", "2", "--quiet", "--no-compile",
+                       "--out", str(out)]) == 0
     assert json.loads(capsys.readouterr().out)["run_id"] == "steps2_r1_s1"
     assert json.loads(out.read_text())["r"] == 1
 
