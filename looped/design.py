@@ -170,3 +170,51 @@ def _ok_records(study: str, runs_dir=None) -> pd.DataFrame:
     if "seed" in rec:
         rec["seed"] = rec["seed"].astype(int)
     return rec
+
+
+def rerun_targets(table: pd.DataFrame, joint, halves: dict | None = None, seed_std: float | None = None,
+                  r2_min: float = 0.99, rmse_max: float = 0.03, noise_factor: float = 3.0,
+                  phi_width_max: float = 0.3) -> pd.DataFrame:
+    """What a faithful small-scale rerun should reach, beside what ours reached: one row per
+    target (aim, measured, met), so a chapter reports a miss as plainly as a hit.
+
+    `table` is the study's run table (`analysis.study_table`, every status), `joint` the joint
+    fit with bootstrap intervals on its finished runs, `halves` `analysis.half_fits` with
+    bootstrap, `seed_std` the largest seed spread (`seed_spread`).  Cells must bracket their
+    minimum (the iso-FLOP parabola's vertex inside the widths trained and a minimum); residuals
+    are in nats; the halves agree when each half's phi lies in the other's 95% interval."""
+    from .analysis import iso_flop_cells, main_design
+    from .law import residuals
+    rows = []
+
+    def add(target, aim, measured, met):
+        rows.append({"target": target, "aim": aim, "measured": measured, "met": bool(met)})
+
+    bad = table[table.status.isin(["diverged", "failed", "corrupt"])]
+    missing = int((table.status == "missing").sum())
+    add("runs finished without divergence or failure", "all",
+        f"{int((table.status == 'ok').sum())} of {len(table)} ok, {len(bad)} diverged or failed"
+        + (f", {missing} not run" if missing else ""), len(bad) == 0 and missing == 0)
+    cells = iso_flop_cells(table)
+    bracketed = cells.fitted.astype(bool) & cells.inside.eq(True) & cells.opens_up.eq(True)
+    add("(budget, r) cells that bracket their minimum", "all",
+        f"{int(bracketed.sum())} of {len(cells)}", bool(bracketed.all()))
+    if joint is None:
+        return pd.DataFrame(rows)
+    runs, _ = main_design(table)
+    rmse = float(np.sqrt(np.mean(residuals(joint, runs) ** 2)))
+    add("joint fit R² (raw nats)", f">= {r2_min}", f"{joint.r2:.4f}", joint.r2 >= r2_min)
+    add("residual RMSE (nats)", f"<= {rmse_max}", f"{rmse:.4f}", rmse <= rmse_max)
+    if seed_std is not None and np.isfinite(seed_std):
+        add("residual RMSE / seed noise (std)", f"<= {noise_factor:g}", f"{rmse / seed_std:.1f}",
+            rmse <= noise_factor * seed_std)
+    if "phi" in joint.ci:
+        lo, hi = joint.ci["phi"]
+        add("width of phi's 95% interval", f"<= {phi_width_max}", f"{hi - lo:.3f}", hi - lo <= phi_width_max)
+    if halves and len(halves) == 2 and all("phi" in fit.ci for _, fit in halves.values()):
+        (_, low), (_, high) = halves["lower"], halves["upper"]
+        agree = (low.ci["phi"][0] <= high.phi <= low.ci["phi"][1]) and (high.ci["phi"][0] <= low.phi <= high.ci["phi"][1])
+        add("budget halves' phi inside each other's intervals", "yes",
+            f"{low.phi:.3f} [{low.ci['phi'][0]:.3f}, {low.ci['phi'][1]:.3f}] vs "
+            f"{high.phi:.3f} [{high.ci['phi'][0]:.3f}, {high.ci['phi'][1]:.3f}]", agree)
+    return pd.DataFrame(rows)

@@ -132,3 +132,43 @@ def test_lr_verdict_says_what_the_preset_does(tmp_path, monkeypatch):
     monkeypatch.setitem(PRESETS, "prose", replace(PRESETS["prose"], lr_scale=1.4))
     assert "its runs use 1.4 times HyperP's learning rates" in design.lr_verdict(design.lr_sweep("prose-lr", tmp_path))
     assert design.lr_verdict(design.lr_sweep("prose-lr", tmp_path / "none")) == "No learning-rate run has finished yet."
+
+
+def _law_loss(run, phi=0.5):
+    """A Chinchilla-like law whose iso-FLOP minima fall inside every cell of the prose grid."""
+    from looped import accounting
+    s = accounting.summary(run.model_config(), run.budget, run.tokens_per_step)
+    n_eff = s["n_once"] + run.r ** phi * s["n_rec"]
+    return 2.0 + 60.0 * n_eff ** -0.35 + 100.0 * s["tokens"] ** -0.3
+
+
+def test_rerun_targets_report_hits_and_misses(tmp_path):
+    """On runs that follow the law exactly every target is met; a failed run, a cell whose loss
+    falls monotonically with width and noisy losses are each reported as misses."""
+    from looped import analysis
+    from looped.fit import fit
+    runs = sweep.load_study("prose-main")
+    for run in runs:
+        write(tmp_path, run, _law_loss(run))
+    table = analysis.study_table("prose-main", tmp_path)
+    kept, _ = analysis.main_design(table)
+    joint = fit(kept, restarts=20, seed=0, bootstrap=20, boot_restarts=4)
+    halves = analysis.half_fits(kept, restarts=20, seed=0, bootstrap=20)
+    targets = design.rerun_targets(table, joint, halves, seed_std=0.01).set_index("target")
+    assert len(targets) == 7 and targets.met.all(), targets
+    assert joint.phi == pytest.approx(0.5, abs=0.02)
+    # a failed run, and the narrowest model of one cell made the best: two misses
+    first = [r for r in runs if r.budget == 2.5e12 and r.r == 1]
+    atomic_write_json(tmp_path / f"{runs[-1].run_id}.json", {"run_id": runs[-1].run_id, "status": "failed"})
+    write(tmp_path, first[0], 3.0)
+    table = analysis.study_table("prose-main", tmp_path)
+    targets = design.rerun_targets(table, joint, halves, seed_std=0.01).set_index("target")
+    assert not targets.loc["runs finished without divergence or failure", "met"]
+    assert "1 diverged or failed" in targets.loc["runs finished without divergence or failure", "measured"]
+    assert not targets.loc["(budget, r) cells that bracket their minimum", "met"]
+    # residuals larger than three seed spreads and 0.03 nats miss both residual targets
+    noisy = fit(kept.assign(loss=kept.loss + 0.08 * (-1.0) ** kept.index.to_numpy()), restarts=20, seed=0)
+    targets = design.rerun_targets(table, noisy, None, seed_std=0.01).set_index("target")
+    assert not targets.loc["residual RMSE (nats)", "met"] and not targets.loc["residual RMSE / seed noise (std)", "met"]
+    # before a fit exists only the run and cell counts are reported
+    assert len(design.rerun_targets(table, None)) == 2
