@@ -7,6 +7,10 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 # No MPLBACKEND here: chapter kernels must keep the inline backend, or figures vanish from
 # the notebooks and the book (unit tests set Agg in tests/conftest.py).
 unexport MPLBACKEND
+# Chapters refit the same studies (chapter 6 repeats fits of chapters 4 and 5; `make test` then
+# `make book` execute every chapter twice): looped.fit keeps each fit here, keyed by its runs,
+# arguments and the fitter's source, and reuses it.  `make clean` empties it.
+export LOOPED_FIT_CACHE ?= $(CURDIR)/_build/fit-cache
 NBVAL  := --nbval-lax --current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
 .PHONY: venv book notebooks test test-unit test-nbval html-check corpus clean

@@ -14,6 +14,12 @@ solved many resamples at a time in one batch.  ``boot_restarts=k`` instead start
 resample from the full-data optimum and the main fit's best 10 local minima plus k random
 starts (faster; it agreed with the full protocol on the benchmark resamples).
 
+A fit is a deterministic function of its runs, its arguments and this code, so with
+``$LOOPED_FIT_CACHE`` set to a folder (the Makefile sets ``_build/fit-cache``) `fit` keeps
+every result there and returns it again for the same inputs: the chapters refit the same
+studies several times (the main fit in chapters 4 and 6, the truncated study in 5 and 6), and
+`make test` then `make book` execute every chapter twice.
+
 What is computed from a fitted law (predictions, effective sizes, compute-optimal frontiers)
 is in `looped.law`; the case-study refits are in `looped.case_studies`.
 This module must stay torch-free (it imports in milliseconds).
@@ -21,8 +27,11 @@ This module must stay torch-free (it imports in milliseconds).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
+import os
+import pickle
 import sys
 import time
 import warnings
@@ -248,6 +257,24 @@ def is_chinchilla(df) -> bool:
     return not bool(((df["r"].to_numpy(float) > 1) & (df["n_rec"].to_numpy(float) > 0)).any())
 
 
+CACHE_ENV = "LOOPED_FIT_CACHE"
+
+
+def _cache_file(df, arguments: dict) -> Path | None:
+    """Where the fit of these runs with these arguments is kept ($LOOPED_FIT_CACHE unset: None).
+    The key covers the runs table, the arguments and the source of the fitter and its solver."""
+    folder = os.environ.get(CACHE_ENV)
+    if not folder:
+        return None
+    import pandas as pd
+    key = hashlib.sha256()
+    for source in (Path(__file__), Path(__file__).with_name("solver.py")):
+        key.update(source.read_bytes())
+    key.update(json.dumps([list(map(str, df.columns)), arguments], sort_keys=True, default=str).encode())
+    key.update(pd.util.hash_pandas_object(df, index=True).to_numpy().tobytes())
+    return Path(folder) / f"{key.hexdigest()[:40]}.pkl"
+
+
 def fit(df, restarts: int = 500, seed: int = 0, fix: dict | None = None, bootstrap: int = 0,
         boot_restarts: int | None = None, per_r: bool = False, polish: int = 3,
         chinchilla: bool | None = None) -> FitResult:
@@ -261,9 +288,28 @@ def fit(df, restarts: int = 500, seed: int = 0, fix: dict | None = None, bootstr
     at the full-data optimum and the full fit's other distinct local minima plus k random
     starts (faster, an approximation); per_r: also fit a Chinchilla law per r (`per_r` dict);
     chinchilla: force (True) or forbid (False) the Chinchilla law; default: automatic.
+    With $LOOPED_FIT_CACHE set, a fit already made with the same runs and arguments is reused.
     """
-    t0 = time.perf_counter()
     df = validate_runs(df)
+    arguments = dict(restarts=restarts, seed=seed, fix=fix, bootstrap=bootstrap, boot_restarts=boot_restarts,
+                     per_r=per_r, polish=polish, chinchilla=chinchilla)
+    cached = _cache_file(df, arguments)
+    if cached is not None:
+        try:
+            return pickle.loads(cached.read_bytes())
+        except Exception:  # absent, torn or from another version: fit again and overwrite it
+            pass
+    res = _fit(df, **arguments)
+    if cached is not None:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(pickle.dumps(res))
+        os.replace(tmp, cached)
+    return res
+
+
+def _fit(df, restarts, seed, fix, bootstrap, boot_restarts, per_r, polish, chinchilla) -> FitResult:
+    t0 = time.perf_counter()
     if chinchilla is None:
         chinchilla = is_chinchilla(df)
     fixed = _parse_fix(fix)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("MPLBACKEND", "Agg")  # no display on CI
+os.environ.pop("LOOPED_FIT_CACHE", None)  # unit tests fit afresh (the Makefile sets it for the chapters)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

@@ -237,3 +237,28 @@ def test_paper_protocol_full_restarts():
 
 
 
+
+
+def test_fit_cache_returns_the_same_fit_and_refits_what_changed(grid, tmp_path, monkeypatch):
+    """With $LOOPED_FIT_CACHE set, a second fit of the same runs with the same arguments is read
+    back instead of solved; other runs, other arguments or a torn cache file are fitted afresh;
+    without the variable nothing is written."""
+    df = law.synthetic_runs(seed=7, grid=grid)
+    plain = F.fit(df, restarts=8, seed=0, bootstrap=4)
+    assert not any(tmp_path.iterdir())
+    monkeypatch.setenv(F.CACHE_ENV, str(tmp_path / "cache"))
+    first = F.fit(df, restarts=8, seed=0, bootstrap=4)
+    assert len(list((tmp_path / "cache").glob("*.pkl"))) == 1
+    assert first.theta == plain.theta and first.ci == plain.ci
+    solves = []
+    real = F.solve_restarts
+    monkeypatch.setattr(F, "solve_restarts", lambda *a, **k: solves.append(1) or real(*a, **k))
+    again = F.fit(df, restarts=8, seed=0, bootstrap=4)
+    assert solves == [] and again.theta == first.theta and again.ci == first.ci
+    F.fit(df, restarts=8, seed=1, bootstrap=4)                       # another seed
+    F.fit(df.assign(loss=df.loss * 1.001), restarts=8, seed=0, bootstrap=4)  # other losses
+    assert len(solves) >= 2 and len(list((tmp_path / "cache").glob("*.pkl"))) == 3
+    for path in (tmp_path / "cache").glob("*.pkl"):
+        path.write_bytes(b"torn")
+    solves.clear()
+    assert F.fit(df, restarts=8, seed=0, bootstrap=4).theta == first.theta and solves
