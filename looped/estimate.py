@@ -137,7 +137,7 @@ def cpu_estimate(runs: list[Run], out: str | Path, peak_flops: float, mfu: float
     else every fast-path run of the same preset under runs/), or `mfu` of `peak_flops` without
     any.  `hours_wall` is the longest of `processes` round-robin shards, as `--shard i/P` splits
     the study over one process per core."""
-    from .sweep import COLUMNS, read_records, record_status
+    from .sweep import COLUMNS, read_records, run_state
     out = Path(out)
     if timing_from:
         sources = [Path(p) for p in timing_from]
@@ -150,7 +150,7 @@ def cpu_estimate(runs: list[Run], out: str | Path, peak_flops: float, mfu: float
             finished, where = fast_path_records(runs[0].preset), f"the {runs[0].preset} preset's fast-path runs under runs/"
     timing = time_model(finished)
     table = plan(runs, peak_flops, mfu, timing)
-    table["done"] = [record_status(out / f"{rid}.json") or "" for rid in table.run_id]
+    table["done"] = [run_state(out, rid) for rid in table.run_id]
     left = table.est_seconds.where(~table.done.isin(["ok", "diverged"]), 0.0)
     shards = [left.iloc[k::processes].sum() for k in range(max(1, processes))]
     whole = [table.est_seconds.iloc[k::processes].sum() for k in range(max(1, processes))]

@@ -149,6 +149,26 @@ def record_status(path: Path) -> str | None:
         return "corrupt"
 
 
+def run_state(out: Path, run_id: str) -> str:
+    """What a dry run shows for one run: its record's status, 'running' while another process
+    holds its lock, else ''.  Looks without creating anything."""
+    status = record_status(Path(out) / f"{run_id}.json")
+    if status:
+        return status
+    lock = Path(out) / "ckpt" / f"{run_id}.lock"
+    if not lock.exists():
+        return ""
+    import fcntl
+    try:
+        with open(lock) as handle:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return "running"
+    except OSError:
+        pass
+    return ""
+
+
 def sweep(study: str, out: str | Path, shard: tuple[int, int] = (0, 1), checkpoint_every: int = 25,
           quiet: bool = True, log=print, grid: str | Path | None = None, preset: str = "cpu",
           budgets=None, sizes=None, **train_kw) -> pd.DataFrame:
@@ -491,7 +511,7 @@ def _dry_run(a, runs: list[Run], out: Path, i: int, n: int) -> int:
         mem = a.device_memory or memory_bytes
         mfu = a.mfu if a.mfu is not None else DEFAULT_GPU_MFU
         table = gpu_plan(mine, peak, mfu, mem, a.gpus, a.micro_batch)
-        table["done"] = [record_status(out / f"{rid}.json") or "" for rid in table.run_id]
+        table["done"] = [run_state(out, rid) for rid in table.run_id]
         cols = ["run_id", "budget", "r", "s", "injection", "bptt_k", "d_model", "n", "tokens", "steps",
                 "micro_batch", "mem_GB", "gpu_hours", "done"]
         with pd.option_context("display.max_rows", 1000, "display.width", 200):

@@ -497,7 +497,10 @@ def test_a_run_another_sweep_is_training_is_skipped(grid_csv, tmp_path, monkeypa
     sweep.sweep(STUDY, out, grid=grid_csv, preset="tiny", log=log.append)
     assert sorted(calls) == sorted(run.run_id for run in runs[1:])
     assert any(f"{runs[0].run_id}: skipped, another sweep is training it" in line for line in log)
+    assert sweep.run_state(out, runs[0].run_id) == "running"  # what a dry run shows meanwhile
+    assert sweep.run_state(out, runs[1].run_id) == "ok" and sweep.run_state(out, "nothing") == ""
     held.close()
+    assert sweep.run_state(out, runs[0].run_id) == ""  # a stale lock file of a dead process
     sweep.sweep(STUDY, out, grid=grid_csv, preset="tiny", log=log.append)
     assert calls[-1] == runs[0].run_id and len(calls) == len(runs)
     assert not (out / "ckpt").exists()
