@@ -262,12 +262,14 @@ CACHE_ENV = "LOOPED_FIT_CACHE"
 
 def _cache_file(df, arguments: dict) -> Path | None:
     """Where the fit of these runs with these arguments is kept ($LOOPED_FIT_CACHE unset: None).
-    The key covers the runs table, the arguments and the source of the fitter and its solver."""
+    The key covers the runs table, the arguments, the source of the fitter and its solver and
+    the numpy and scipy versions (their optimisers and kernels shape the result)."""
     folder = os.environ.get(CACHE_ENV)
     if not folder:
         return None
     import pandas as pd
-    key = hashlib.sha256()
+    import scipy
+    key = hashlib.sha256(f"numpy {np.__version__} scipy {scipy.__version__}".encode())
     for source in (Path(__file__), Path(__file__).with_name("solver.py")):
         key.update(source.read_bytes())
     key.update(json.dumps([list(map(str, df.columns)), arguments], sort_keys=True, default=str).encode())
