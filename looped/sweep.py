@@ -183,22 +183,24 @@ def sweep(study: str, out: str | Path, shard: tuple[int, int] = (0, 1), checkpoi
             and (sizes is None or run.s in sizes)]
     index, count = shard
     mine = [run for i, run in enumerate(runs) if i % count == index]
-    for n, run in enumerate(mine, 1):
+
+    def attempt(n: int, run: Run) -> bool:
+        """Train `run` unless it is finished; False if another process holds it."""
         path = out / f"{run.run_id}.json"
         status = record_status(path)
         if status in ("ok", "diverged"):
             stale = out / "ckpt" / f"{run.run_id}.pt"  # killed between writing the record and
             if stale.exists():                         # deleting its checkpoint
                 stale.unlink(missing_ok=True)
-            continue
+            return True
         claim = _claim(out, run.run_id)
         if claim is None:
             log(f"[{n}/{len(mine)}] {run.run_id}: skipped, another sweep is training it")
-            continue
+            return False
         status = record_status(path)  # again: the other sweep may have finished it meanwhile
         if status in ("ok", "diverged"):
             claim()
-            continue
+            return True
         log(f"[{n}/{len(mine)}] {run.run_id}" + (" (retrying failed run)" if status else ""))
         t0 = time.time()
         tc = run.train_config(out=str(path), checkpoint_every=checkpoint_every, quiet=quiet,
@@ -211,12 +213,17 @@ def sweep(study: str, out: str | Path, shard: tuple[int, int] = (0, 1), checkpoi
         except Exception as e:  # one broken run must not cost the sweep; say what broke
             from .train import Dist, atomic_write_json
             if Dist().main:
-                    atomic_write_json(path, {"schema": 1, "study": study, "run_id": run.run_id, "status": "failed",
+                atomic_write_json(path, {"schema": 1, "study": study, "run_id": run.run_id, "status": "failed",
                                          "error": f"{type(e).__name__}: {e}", "r": run.r, "s": run.s,
                                          "budget": run.budget, "injection": run.injection})
             log(f"    failed: {type(e).__name__}: {e}")
         finally:
             claim()
+        return True
+
+    busy = [(n, run) for n, run in enumerate(mine, 1) if not attempt(n, run)]
+    for n, run in busy:  # once more: the process that held them may have finished or died since
+        attempt(n, run)
     return read_records(out)
 
 

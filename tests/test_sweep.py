@@ -504,3 +504,25 @@ def test_a_run_another_sweep_is_training_is_skipped(grid_csv, tmp_path, monkeypa
     sweep.sweep(STUDY, out, grid=grid_csv, preset="tiny", log=log.append)
     assert calls[-1] == runs[0].run_id and len(calls) == len(runs)
     assert not (out / "ckpt").exists()
+
+
+def test_a_run_whose_holder_dies_is_taken_up_at_the_end(grid_csv, tmp_path, monkeypatch):
+    """A run skipped because another process held it gets a second look once the rest are done:
+    if that process has died (its lock released) in the meantime, this sweep trains the run."""
+    import fcntl
+    runs = sweep.load_study(STUDY, grid_csv, "tiny")
+    out = tmp_path / "out"
+    (out / "ckpt").mkdir(parents=True)
+    held = open(out / "ckpt" / f"{runs[0].run_id}.lock", "w")
+    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    calls = []
+    train = fake_train(calls)
+
+    def train_then_the_holder_dies(tc):
+        held.close()
+        return train(tc)
+    monkeypatch.setattr("looped.train.train", train_then_the_holder_dies)
+    log = []
+    sweep.sweep(STUDY, out, grid=grid_csv, preset="tiny", log=log.append)
+    assert sorted(calls) == sorted(run.run_id for run in runs) and calls[-1] == runs[0].run_id
+    assert sum("skipped, another sweep" in line for line in log) == 1
