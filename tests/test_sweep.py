@@ -72,6 +72,14 @@ def records(folder: Path) -> dict[str, dict]:
     return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
 
 
+def copy_records(src: Path, dest: Path) -> tuple[dict[str, dict], list[str]]:
+    """The records of `src` written into `dest`; returns them and their sorted run ids."""
+    recs = records(src)
+    for rid, rec in recs.items():
+        atomic_write_json(dest / f"{rid}.json", rec)
+    return recs, sorted(recs)
+
+
 def all_files(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
 
@@ -147,10 +155,7 @@ def test_sweep_runs_every_run_once(reference, grid_csv):
 def test_rerun_skips_finished_and_retries_failed(reference, grid_csv, tmp_path, monkeypatch):
     src, _, _ = reference
     out = tmp_path / "out"
-    recs = records(src)
-    ids = sorted(recs)
-    for rid in ids:
-        atomic_write_json(out / f"{rid}.json", recs[rid])
+    recs, ids = copy_records(src, out)
     atomic_write_json(out / f"{ids[0]}.json", {**recs[ids[0]], "status": "diverged", "loss": None})
     atomic_write_json(out / f"{ids[1]}.json", {"run_id": ids[1], "status": "failed", "error": "boom"})
     (out / f"{ids[2]}.json").write_text('{"run_id": "trunc')  # a torn file (not from us; say, a copy)
@@ -458,10 +463,7 @@ def test_reuse_adopts_identical_finished_runs_only(reference, grid_csv, tmp_path
     copies say where they came from, so timing fits do not count them twice."""
     src, _, _ = reference
     pilot = tmp_path / "pilot"
-    recs = records(src)
-    ids = sorted(recs)
-    for rid in ids:
-        atomic_write_json(pilot / f"{rid}.json", recs[rid])
+    recs, ids = copy_records(src, pilot)
     atomic_write_json(pilot / f"{ids[0]}.json", {**recs[ids[0]], "lr_scale": 0.5})
     atomic_write_json(pilot / f"{ids[1]}.json", {**recs[ids[1]], "status": "failed"})
     out = tmp_path / "main"
