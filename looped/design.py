@@ -1,4 +1,5 @@
-"""Is a study in the law's regime?  The checks a new grid must pass before its sweep starts.
+"""Is a study in the law's regime?  The checks a new grid must pass before its sweep starts,
+and the scorecard of the finished study.
 
 A scaling-law fit only means something where the runs behave like the paper's: every iso-FLOP
 curve has its minimum strictly inside the widths trained, the compute-optimal model sees a
@@ -7,7 +8,10 @@ the models are far from the token-frequency floor (the unigram entropy), the lea
 transferred by HyperP is close to the best one at the reference width, and the fit's residuals
 are compared with the loss spread that seeds alone produce.  These functions read the pilot,
 LR-sweep and seed-noise studies (`looped sweep prose-pilot`, `prose-lr`, `prose-seeds`) and
-return one small table per question; the sweep chapter of the book shows them.
+return one small table per question; the sweep chapter of the book shows them.  Once the study
+has run, `rerun_targets`, `leave_one_r_out`, `lr_explains`, `scale_comparison` and
+`beside_the_paper` score it against the targets set beforehand and set it beside the paper (the
+fitting chapter).
 """
 from __future__ import annotations
 
@@ -87,6 +91,23 @@ def lr_verdict(table: pd.DataFrame, tolerance: float = 0.01) -> str:
     return text + f"The transfer is off by more than {tolerance:g} nats; the preset has not been re-based yet."
 
 
+def lr_explains(table: pd.DataFrame, r: int, misfit: float) -> str:
+    """One sentence (Markdown): can a learning rate that suits architecture `r` less explain a
+    mean residual of `misfit` nats at that r?  Reads the `lr_sweep` row of r: if the preset's
+    multiplier is within half the misfit of the best multiplier tried, the learning rate cannot
+    account for it."""
+    rows = table[table.r == r] if len(table) else table
+    if not len(rows):
+        return f"The learning-rate check has no runs at $r = {r}$, so it cannot say whether the rate explains the misfit."
+    row = rows.iloc[0]
+    gap = float(row.gap_at_preset)
+    small = gap < abs(misfit) / 2
+    return (f"At $r = {r}$ the learning-rate check finds the preset's multiplier ({row.preset_multiplier:g}) "
+            f"{gap:.3f} nats above the best of those tried ({row.best_multiplier:g}), against a misfit of "
+            f"{misfit:+.3f} nats: a learning rate that suits $r = {r}$ less "
+            + ("cannot account for it." if small else "may account for part of it."))
+
+
 def seed_spread(study: str = "prose-seeds", runs_dir=None) -> pd.DataFrame:
     """Per configuration (budget, r, s): the final losses of its seeds, their standard deviation
     and range: the noise floor that a fit's residuals cannot go below."""
@@ -119,7 +140,7 @@ def batch_comparison(study: str = "prose-batch", runs_dir=None) -> pd.DataFrame:
     return out
 
 
-def grid_shape(study: str = "prose-main") -> pd.DataFrame:
+def grid_shape(study: str = "cpu-main") -> pd.DataFrame:
     """Per budget of a study's grid: the widths d_model trained, the recurrences, the number of
     runs and their FLOPs (what `looped sweep STUDY --dry-run` lists run by run)."""
     from .sweep import load_study
@@ -134,7 +155,7 @@ def grid_shape(study: str = "prose-main") -> pd.DataFrame:
                          for _, row in sorted(rows.items())])
 
 
-def study_cost(studies=("prose-main", "prose-truncated", "prose-hyper"), processes: int = 2,
+def study_cost(studies=("cpu-main", "cpu-truncated", "cpu-hyper"), processes: int = 2,
                timing_from=("prose-pilot", "prose-lr", "prose-seeds", "prose-batch")) -> pd.DataFrame:
     """Estimated hours of each study on this machine's CPU, split over `processes` (one per
     core): `estimate.cpu_estimate`, i.e. wall time fitted to the finished fast-path runs of the
@@ -217,4 +238,91 @@ def rerun_targets(table: pd.DataFrame, joint, halves: dict | None = None, seed_s
         add("budget halves' phi inside each other's intervals", "yes",
             f"{low.phi:.3f} [{low.ci['phi'][0]:.3f}, {low.ci['phi'][1]:.3f}] vs "
             f"{high.phi:.3f} [{high.ci['phi'][0]:.3f}, {high.ci['phi'][1]:.3f}]", agree)
+    return pd.DataFrame(rows)
+
+
+def leave_one_r_out(runs: pd.DataFrame, restarts: int = 500, seed: int = 0) -> pd.DataFrame:
+    """The joint law refitted without each looped r in turn (and with all runs, first row): phi,
+    R^2 and residual RMSE.  If dropping one architecture brings the fit close to the targets,
+    the misfit is that architecture's; if every row stays short, the shared exponents of the law
+    are what the runs disagree with."""
+    from .fit import fit
+    from .law import residuals
+    rows = []
+    for drop in [None] + sorted(int(r) for r in runs["r"].unique() if r > 1):
+        sub = runs if drop is None else runs[runs["r"] != drop].reset_index(drop=True)
+        res = fit(sub, restarts=restarts, seed=seed)
+        rows.append({"fit": "all runs" if drop is None else f"without r = {drop}", "runs": len(sub), "phi": res.phi,
+                     "r2": res.r2, "rmse": float(np.sqrt(np.mean(residuals(res, sub) ** 2)))})
+    return pd.DataFrame(rows)
+
+
+def targets_summary(targets: pd.DataFrame) -> str:
+    """One sentence (Markdown) on `rerun_targets`: how many were met and which were missed,
+    each with the value measured, so a miss is named rather than averaged away."""
+    met = targets[targets.met.astype(bool)]
+    missed = targets[~targets.met.astype(bool)]
+    text = f"The study meets {len(met)} of the {len(targets)} targets"
+    if not len(missed):
+        return text + "."
+    return text + "; it misses " + "; ".join(f"{row.target} ({row.measured}, aim {row.aim})"
+                                             for row in missed.itertuples()) + "."
+
+
+def beside_the_paper(joint) -> str:
+    """One or two sentences (Markdown) setting our phi and its interval beside the paper's 0.459
+    [0.41, 0.53]: overlap or not, by how much, and whether the interval runs into the edge of
+    the fit's search box (resamples that cannot pin phi at all)."""
+    from .paper import PAPER_PHI, PAPER_PHI_CI
+    from .solver import HI, LO
+    if joint is None or "phi" not in joint.ci:
+        return "There is no bootstrapped fit of our runs to set beside the paper's yet."
+    lo, hi = joint.ci["phi"]
+    plo, phi_ = PAPER_PHI_CI
+    text = (f"Our φ = {joint.phi:.3f}, 95% interval [{lo:.3f}, {hi:.3f}], against the paper's {PAPER_PHI:g} "
+            f"[{plo:g}, {phi_:g}]: ")
+    if lo > phi_:
+        text += f"ours lies entirely above the paper's, by at least {lo - phi_:.2f}."
+    elif hi < plo:
+        text += f"ours lies entirely below the paper's, by at least {plo - hi:.2f}."
+    else:
+        text += "the two intervals overlap."
+    edges = [v for v, edge in ((lo, float(LO[5])), (hi, float(HI[5]))) if abs(v - edge) < 1e-6]
+    if edges:
+        samples = getattr(joint, "boot_samples", None)
+        count = (f" ({int(np.sum(np.abs(samples[:, 5] - edges[0]) < 1e-6))} of {len(samples)} resamples end there)"
+                 if samples is not None else "")
+        text += (f"  The interval reaches the edge of the fit's search box (φ = {edges[0]:g}){count}: some resamples "
+                 f"of our cells cannot pin φ at all, so that end measures how little those resamples fix φ rather "
+                 f"than a plausible value.")
+    return text
+
+
+def scale_comparison(ours: str = "cpu-main", paper: str = "paper-main") -> pd.DataFrame:
+    """The two main studies' scale side by side, from their grids and presets: what separates a
+    small-scale phi from the paper's (unique non-embedding parameters, training tokens, steps,
+    budgets, context, vocabulary, head dimension), with the factor paper / ours (for a range,
+    the ratio of the geometric means of its ends)."""
+    from .analysis import study_plan
+    from .config import get_preset
+    from .sweep import STUDIES
+    plans = {name: study_plan(name) for name in (paper, ours)}
+    presets = {name: get_preset(STUDIES[name][2]) for name in (paper, ours)}
+    whole = lambda x: f"{int(x):,}"
+    rows = []
+    for quantity, values, fmt in (
+            ("training budget (FLOPs)", lambda s: plans[s].budget, "{:.3g}".format),
+            ("unique non-embedding parameters", lambda s: plans[s].n, "{:.3g}".format),
+            ("training tokens per run", lambda s: plans[s].tokens, "{:.3g}".format),
+            ("optimizer steps per run", lambda s: plans[s].steps, whole),
+            ("width d_model", lambda s: plans[s].d_model, whole),
+            ("context length T", lambda s: [presets[s].seq_len], whole),
+            ("vocabulary", lambda s: [presets[s].vocab_size], whole),
+            ("head dimension", lambda s: [presets[s].head_dim], whole),
+            ("effective depth (layers)", lambda s: [presets[s].effective_depth], whole)):
+        ends = {s: (float(min(values(s))), float(max(values(s)))) for s in (paper, ours)}
+        text = {s: fmt(lo) if lo == hi else f"{fmt(lo)} - {fmt(hi)}" for s, (lo, hi) in ends.items()}
+        mid = {s: np.sqrt(lo * hi) for s, (lo, hi) in ends.items()}
+        rows.append({"quantity": quantity, "paper": text[paper], "ours": text[ours],
+                     "paper / ours": float(mid[paper] / mid[ours])})
     return pd.DataFrame(rows)

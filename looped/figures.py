@@ -159,7 +159,10 @@ def plot_iso_flop_curves(table, axes=None, min_runs: int = 3, unit: str = "nats"
 
 def plot_minima_vs_budget(paper, ours=None, axes=None):
     """The paper's published minima per r against the budget: N* (left), L* (middle), and the
-    tokens per unique parameter at the minimum (right) with our CPU minima beside the paper's."""
+    tokens per unique parameter at the minimum (right) with our CPU minima beside the paper's.
+
+    The right panel puts each study's budgets relative to its own smallest, so two grids five
+    decades apart share one axis instead of leaving it empty in between."""
     import matplotlib.pyplot as plt
     if axes is None:
         _, axes = plt.subplots(1, 3, figsize=(13, 3.8))
@@ -167,11 +170,11 @@ def plot_minima_vs_budget(paper, ours=None, axes=None):
         g = paper[paper.r == r].sort_values("budget")
         axes[0].plot(g.budget, g.n_star / 1e6, "o-", color=r_color(r), label=f"r = {r}")
         axes[1].plot(g.budget, g.loss_star, "o-", color=r_color(r), label=f"r = {r}")
-        axes[2].plot(g.budget, g.tokens_per_param, "o-", color=r_color(r), label=f"paper, r = {r}")
+        axes[2].plot(g.budget / paper.budget.min(), g.tokens_per_param, "o-", color=r_color(r), label=f"paper, r = {r}")
         if ours is not None and len(ours):
             o = ours[(ours.r == r) & ours.inside.fillna(False).astype(bool) & ours.opens_up.fillna(False).astype(bool)]
             if len(o):
-                axes[2].plot(o.budget, o.tokens_per_param, "s--", color=r_color(r), mfc="white",
+                axes[2].plot(o.budget / ours.budget.min(), o.tokens_per_param, "s--", color=r_color(r), mfc="white",
                              label=f"ours, r = {r}")
     for ax in axes:
         ax.set_xscale("log")
@@ -181,6 +184,8 @@ def plot_minima_vs_budget(paper, ours=None, axes=None):
     plain_log_axis(axes[0].yaxis)
     axes[0].set_ylabel("N* (millions of unique params)")
     axes[1].set_ylabel("L* (nats/token, FineWeb-Edu)")
+    axes[2].set_xlabel("budget / the study's smallest budget")
+    plain_log_axis(axes[2].xaxis)
     axes[2].set_yscale("log")
     plain_log_axis(axes[2].yaxis)
     axes[2].set_ylabel("tokens per unique param at N*")

@@ -238,11 +238,14 @@ def _r2(theta, data: RunArrays) -> float:
 
 
 def bootstrap_weights(df, rng: np.random.Generator, n_boot: int) -> np.ndarray:
-    """(n_boot, n) multiplicities: block bootstrap over (budget, r) cells, else over runs."""
+    """(n_boot, n) multiplicities: block bootstrap over (budget, r) cells, else over runs.
+
+    Cells are numbered in sorted order, so a runs table gives the same resamples, and the same
+    intervals, whatever the order of its rows."""
     n = len(df)
     if "budget" in df.columns:
         keys = list(zip(df["budget"].to_numpy(float), df["r"].to_numpy(float)))
-        uniq = {k: i for i, k in enumerate(dict.fromkeys(keys))}
+        uniq = {k: i for i, k in enumerate(sorted(set(keys)))}
         cell = np.array([uniq[k] for k in keys])
         n_cells = len(uniq)
         draws = rng.integers(0, n_cells, size=(n_boot, n_cells))

@@ -6,7 +6,7 @@ through `looped.figures`, which re-exports them.
 from __future__ import annotations
 
 from .paper import PAPER_PHI, PAPER_PHI_CI
-from .palette import LEGEND_FONTSIZE, OURS_COLOR, PAPER_COLOR, _SYMBOLS, budget_markers, r_color
+from .palette import LEGEND_FONTSIZE, OURS_COLOR, PAPER_COLOR, _SYMBOLS, budget_markers, plain_log_axis, r_color
 from .tables import power_of_ten
 
 
@@ -384,6 +384,7 @@ def plot_neff_collapse(runs, law, axes=None, phis=None):
         what = "fitted" if fitted is not None and phi == float(fitted) else names.get(phi, "")
         ax.set_title(f"φ = {phi:.3g}" + (f" ({what})" if what else "") + f"\nRMSE {rmse:.3f} nats", fontsize=10)
         ax.set_xscale("log")
+        plain_log_axis(ax.xaxis)   # short labels at 1 and 3 x 10^k: a range under a decade gets no crowded minor labels
         ax.set_xlabel("$N_\\mathrm{eff} = N_\\mathrm{once} + r^φ N_\\mathrm{rec}$")
         ax.grid(alpha=0.3, which="both")
         spec = ax.get_subplotspec()

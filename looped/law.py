@@ -34,6 +34,29 @@ def residuals(result: FitResult, df) -> np.ndarray:
     return df["loss"].to_numpy(float) - predict(result, df["n_once"], df["n_rec"], df["r"], df["tokens"])
 
 
+def residual_cells(result: FitResult, df) -> "pd.DataFrame":
+    """Mean residual (actual minus predicted, nats) per training budget (rows) and r (columns).
+
+    A law that fits only on average leaves a pattern here: a row of one sign says a budget sits
+    off the law, a column of one sign says the law mis-prices that r (the r^phi form, or an
+    r-specific effect such as a learning rate that suits one architecture less)."""
+    table = df.assign(residual=residuals(result, df))
+    return table.pivot_table(index="budget", columns="r", values="residual", aggfunc="mean")
+
+
+def residual_pattern(cells: "pd.DataFrame") -> str:
+    """One sentence (Markdown) on `residual_cells`: which r the law misses most on average and
+    whether it misses it the same way at every budget (a mis-priced architecture) or not."""
+    by_r = cells.mean()
+    worst = by_r.abs().idxmax()
+    column = cells[worst].dropna()
+    text = f"The largest average misfit is at $r = {int(worst)}$, {by_r[worst]:+.3f} nats over its budgets"
+    if len(column) > 1 and ((column > 0).all() or (column < 0).all()):
+        return (text + f", with the same sign at every budget: the law {'over' if by_r[worst] > 0 else 'under'}"
+                f"estimates how well $r = {int(worst)}$ does at each of them, rather than missing one budget.")
+    return text + ", with a sign that changes between budgets."
+
+
 def law_params(law) -> dict:
     """A, alpha, B, beta, E, phi from a FitResult or a dict (phi None or absent: Chinchilla, N unique)."""
     get = (lambda k: law.get(k)) if isinstance(law, dict) else (lambda k: getattr(law, k))

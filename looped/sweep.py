@@ -1,10 +1,11 @@
 """Named studies (grids as data) and a sweep runner that survives being killed.
 
 A study is a list of (budget, r, s, injection, bptt_k) rows in a CSV: the paper's grids come
-from runs/paper/grids.csv, ours from runs/cpu_grids.csv.  A sweep writes one JSON record per
-run into its folder.  Restarting skips finished records (ok or diverged), resumes an
-interrupted run from its checkpoint and retries failed ones; records and checkpoints are
-written atomically, so a kill at any moment costs at most one checkpoint interval of one run.
+from runs/paper/grids.csv, ours from runs/prose_grids.csv (and runs/cpu_grids.csv's smoke test).
+A sweep writes one JSON record per run into its folder.  Restarting skips finished records (ok or
+diverged), resumes an interrupted run from its checkpoint and retries failed ones; records and
+checkpoints are written atomically, so a kill at any moment costs at most one checkpoint
+interval of one run.
 """
 from __future__ import annotations
 
@@ -29,19 +30,16 @@ STUDIES = {
     "paper-main": ("paper", "main", "paper"),
     "paper-truncated": ("paper", "truncated_bptt", "paper"),
     "paper-hyper": ("paper", "hyperconnections", "paper"),
-    "cpu-main": ("cpu", "main", "cpu"),
-    "cpu-truncated": ("cpu", "truncated_bptt", "cpu"),
-    "cpu-hyper": ("cpu", "hyperconnections", "cpu"),
+    # Our CPU study in the law's regime and its case studies (runs/prose_grids.csv).
+    "cpu-main": ("prose", "main", "prose"),
+    "cpu-truncated": ("prose", "truncated_bptt", "prose"),
+    "cpu-hyper": ("prose", "hyperconnections", "prose"),
     "cpu-smoke": ("cpu", "smoke", "cpu"),
     "gpu-main": ("gpu", "main", "paper"),
     "prose-pilot": ("prose", "pilot", "prose"),
     "prose-lr": ("prose", "lr", "prose"),
     "prose-seeds": ("prose", "seeds", "prose"),
     "prose-batch": ("prose", "batch", "prose"),
-    # The CPU study in the law's regime (runs/prose_grids.csv); renamed cpu-* once complete.
-    "prose-main": ("prose", "main", "prose"),
-    "prose-truncated": ("prose", "truncated_bptt", "prose"),
-    "prose-hyper": ("prose", "hyperconnections", "prose"),
 }
 
 

@@ -75,8 +75,24 @@ def test_verdict_box_edge_per_r_gaps_and_halves():
     assert "edge of the search box for E" in text
     assert "R² 0.970 to 0.990 (paper: 0.998)" in text
     assert "+0.010 at r = 2, +0.020 at r = 4 nats" in text and "less than the paper's law says" in text
+    assert "need not move together" in text and "pulls φ" not in text
     assert "φ = 1.050 (lower, R² 0.900) and 0.920 (upper, R² 0.990)" in text
     assert "a difference of 0.130 against 0.05 in the paper" in text and "much better than the smaller" in text
+
+
+def test_verdict_sizes_the_residuals_and_reads_per_r_fits_by_their_quality():
+    """The residuals are compared with the paper's ~0.01 nats in words that follow the numbers,
+    and one Chinchilla law per r is called the weak point only when it fits poorly itself."""
+    joint = _fit(0.6, 0.5, 0.7, r2=0.97)
+    exact = analysis.joint_fit_verdict(joint, RESTRICTED, _runs(), per_r={1: _fit(None, r2=0.996), 2: _fit(None, r2=0.995)})
+    assert "The residuals are smaller than the paper's" in exact
+    assert "R² 0.995 to 0.996 (paper: 0.998): each r on its own follows the Chinchilla form" in exact
+    assert "weak point" not in exact
+    noisy = analysis.joint_fit_verdict(joint, RESTRICTED, _runs(noise=0.05), per_r={1: _fit(None, r2=0.975)})
+    assert "The residuals are much larger than the paper's" in noisy and "weak point" in noisy
+    close = analysis.joint_fit_verdict(_fit(0.6, 0.5, 0.7, r2=0.994), RESTRICTED, _runs(noise=0.01),
+                                       per_r={1: _fit(None, r2=0.995)})
+    assert "The residuals are about as large as the paper's" in close and "hardly better than the joint law" in close
 
 
 def test_verdict_without_a_fit():

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from looped import design, estimate, sweep
@@ -92,15 +94,15 @@ def test_batch_comparison_pairs_the_two_batch_sizes(tmp_path):
 
 
 def test_grid_shape_and_the_main_study_meets_the_design_rules():
-    """The committed prose-main grid: >= 4 budgets over >= 10x, >= 4 widths of d >= 16 (two heads
+    """The committed cpu-main grid: >= 4 budgets over >= 10x, >= 4 widths of d >= 16 (two heads
     of 8) per budget, all four r, >= 64 runs; case studies on the lower two budgets."""
-    shape = design.grid_shape("prose-main")
+    shape = design.grid_shape("cpu-main")
     assert len(shape) >= 4 and shape.budget.max() / shape.budget.min() >= 10
     assert shape.runs.sum() >= 64 and (shape.r == "1, 2, 4, 8").all()
     for widths in shape.widths:
         d = [int(x) for x in widths.split(", ")]
         assert len(d) >= 4 and min(d) >= 16 and all(x % 8 == 0 for x in d)
-    for study in ("prose-truncated", "prose-hyper"):
+    for study in ("cpu-truncated", "cpu-hyper"):
         case = design.grid_shape(study)
         assert list(case.budget) == list(shape.budget[:2]) and (case.r == "2, 4, 8").all()
 
@@ -113,7 +115,7 @@ def test_no_prose_run_reads_more_than_80_percent_of_the_training_split():
     from looped import accounting
     from looped.config import REPO
     train = json.loads((REPO / "runs" / "prose-corpus.json").read_text())["splits"]["train"]["tokens"]
-    for study in ("prose-main", "prose-truncated", "prose-hyper", "prose-pilot", "prose-lr", "prose-seeds",
+    for study in ("cpu-main", "cpu-truncated", "cpu-hyper", "prose-pilot", "prose-lr", "prose-seeds",
                   "prose-batch"):
         for run in sweep.load_study(study):
             tokens = accounting.summary(run.model_config(), run.budget, run.tokens_per_step)["tokens"]
@@ -147,10 +149,10 @@ def test_rerun_targets_report_hits_and_misses(tmp_path):
     falls monotonically with width and noisy losses are each reported as misses."""
     from looped import analysis
     from looped.fit import fit
-    runs = sweep.load_study("prose-main")
+    runs = sweep.load_study("cpu-main")
     for run in runs:
         write(tmp_path, run, _law_loss(run))
-    table = analysis.study_table("prose-main", tmp_path)
+    table = analysis.study_table("cpu-main", tmp_path)
     kept, _ = analysis.main_design(table)
     joint = fit(kept, restarts=20, seed=0, bootstrap=20, boot_restarts=4)
     halves = analysis.half_fits(kept, restarts=20, seed=0, bootstrap=20)
@@ -161,7 +163,7 @@ def test_rerun_targets_report_hits_and_misses(tmp_path):
     first = [r for r in runs if r.budget == 2.5e12 and r.r == 1]
     atomic_write_json(tmp_path / f"{runs[-1].run_id}.json", {"run_id": runs[-1].run_id, "status": "failed"})
     write(tmp_path, first[0], 3.0)
-    table = analysis.study_table("prose-main", tmp_path)
+    table = analysis.study_table("cpu-main", tmp_path)
     targets = design.rerun_targets(table, joint, halves, seed_std=0.01).set_index("target")
     assert not targets.loc["runs finished without divergence or failure", "met"]
     assert "1 diverged or failed" in targets.loc["runs finished without divergence or failure", "measured"]
@@ -172,3 +174,63 @@ def test_rerun_targets_report_hits_and_misses(tmp_path):
     assert not targets.loc["residual RMSE (nats)", "met"] and not targets.loc["residual RMSE / seed noise (std)", "met"]
     # before a fit exists only the run and cell counts are reported
     assert len(design.rerun_targets(table, None)) == 2
+
+
+def test_scale_comparison_reads_both_grids_and_presets():
+    """The scale table: ranges from the two studies' grids, single values from the presets, and
+    the paper-over-ours factor of their geometric means."""
+    table = design.scale_comparison().set_index("quantity")
+    assert table.loc["context length T", "paper"] == "2,048" and table.loc["context length T", "ours"] == "128"
+    assert table.loc["context length T", "paper / ours"] == 16.0
+    assert table.loc["head dimension", "ours"] == "8" and table.loc["effective depth (layers)", "paper / ours"] == 2.0
+    budgets = [float(x) for x in table.loc["training budget (FLOPs)", "ours"].split(" - ")]
+    shape = design.grid_shape("cpu-main")
+    assert budgets == [shape.budget.min(), shape.budget.max()]
+    assert table.loc["training budget (FLOPs)", "paper / ours"] == pytest.approx(
+        (4.64e17 * 2.15e19) ** 0.5 / (budgets[0] * budgets[1]) ** 0.5, rel=1e-3)
+
+
+def test_targets_summary_names_every_miss_with_its_value():
+    targets = pd.DataFrame([{"target": "joint fit R² (raw nats)", "aim": ">= 0.99", "measured": "0.9715", "met": False},
+                            {"target": "residual RMSE (nats)", "aim": "<= 0.03", "measured": "0.0287", "met": True}])
+    assert design.targets_summary(targets) == ("The study meets 1 of the 2 targets; it misses joint fit R² (raw nats) "
+                                               "(0.9715, aim >= 0.99).")
+    assert design.targets_summary(targets.assign(met=True)) == "The study meets 2 of the 2 targets."
+
+
+def test_beside_the_paper_reads_overlap_and_the_box_edge():
+    from looped.fit import FitResult
+
+    def joint(phi, lo, hi):
+        return FitResult(A=1, alpha=0.3, B=1, beta=0.3, E=1, phi=phi, r2=0.99, huber=0, n_runs=10, restarts=1,
+                         ci={"phi": (lo, hi)})
+    assert design.beside_the_paper(joint(0.66, 0.60, 0.75)).endswith("ours lies entirely above the paper's, by at least 0.07.")
+    assert design.beside_the_paper(joint(0.30, 0.20, 0.35)).endswith("by at least 0.06.")
+    assert "the two intervals overlap." in design.beside_the_paper(joint(0.5, 0.45, 0.6))
+    edge = design.beside_the_paper(joint(0.66, -3.0, 0.83))
+    assert "the two intervals overlap." in edge and "edge of the fit's search box (φ = -3):" in edge
+    boot = joint(0.66, -3.0, 0.83)
+    boot.boot_samples = np.array([[0, 0, 0, 0, 0, v] for v in (-3.0, -3.0, 0.5, 0.7)])
+    assert "(φ = -3) (2 of 4 resamples end there):" in design.beside_the_paper(boot)
+    assert design.beside_the_paper(None).startswith("There is no bootstrapped fit")
+
+
+def test_lr_explains_weighs_the_rate_gap_against_the_misfit():
+    table = pd.DataFrame([{"r": 2, "best_multiplier": 2.0, "gap_at_preset": 0.004, "preset_multiplier": 1.4}])
+    text = design.lr_explains(table, 2, 0.03)
+    assert "multiplier (1.4) 0.004 nats above the best of those tried (2)" in text and text.endswith("cannot account for it.")
+    assert design.lr_explains(table.assign(gap_at_preset=0.02), 2, 0.03).endswith("may account for part of it.")
+    assert "has no runs at $r = 8$" in design.lr_explains(table, 8, 0.03)
+
+
+def test_leave_one_r_out_finds_the_architecture_that_misfits():
+    """Runs from a law, with r = 2 made worse by 0.05 nats: only the fit without r = 2 is exact."""
+    from looped.law import synthetic_runs
+    from looped.paper import paper_grid
+    runs = synthetic_runs(noise=0.0, grid=paper_grid())
+    runs.loc[runs.r == 2, "loss"] += 0.05
+    table = design.leave_one_r_out(runs, restarts=20).set_index("fit")
+    assert list(table.index) == ["all runs", "without r = 2", "without r = 4", "without r = 8"]
+    assert table.loc["without r = 2", "rmse"] < 1e-3 < table.loc["without r = 4", "rmse"]
+    assert table.loc["without r = 2", "runs"] == (runs.r != 2).sum()
+    assert table.loc["without r = 2", "phi"] == pytest.approx(0.459, abs=0.01)

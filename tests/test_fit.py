@@ -54,6 +54,17 @@ def test_recovers_phi_with_bootstrap_coverage(grid, phi):
     assert res.r2 > 0.99 and res.n_runs == 116
 
 
+def test_bootstrap_does_not_depend_on_the_order_of_the_rows(grid):
+    """The same runs in another order resample the same cells: same fit, same intervals."""
+    df = law.synthetic_runs({"phi": 0.46}, noise=0.01, seed=1, grid=grid)
+    a = F.fit(df, restarts=20, seed=0, bootstrap=10, boot_restarts=2)
+    b = F.fit(df.sample(frac=1.0, random_state=3).reset_index(drop=True), restarts=20, seed=0, bootstrap=10,
+              boot_restarts=2)
+    assert b.phi == pytest.approx(a.phi, abs=1e-8)
+    for name, (lo, hi) in a.ci.items():
+        assert b.ci[name] == pytest.approx((lo, hi), rel=1e-6, abs=1e-8)
+
+
 def test_restricted_fits_explain_less(grid):
     df = law.synthetic_runs(seed=2, grid=grid)
     free = F.fit(df, restarts=100)

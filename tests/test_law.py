@@ -26,6 +26,22 @@ def test_predict_and_residuals(grid):
     np.testing.assert_allclose(law.residuals(res, df), 0, atol=1e-12)
 
 
+def test_residual_cells_locate_a_mispriced_r(grid):
+    """Runs of one r made worse by 0.03 nats show up as that column of the budget x r table,
+    and only there."""
+    df = law.synthetic_runs(noise=0.0, grid=grid)
+    df.loc[df.r == 2, "loss"] += 0.03
+    res = F.FitResult(**paper.PAPER_LAW, r2=1, huber=0, n_runs=len(df), restarts=0)
+    cells = law.residual_cells(res, df)
+    assert list(cells.columns) == sorted(df.r.unique()) and list(cells.index) == sorted(df.budget.unique())
+    np.testing.assert_allclose(cells[2], 0.03, atol=1e-12)
+    np.testing.assert_allclose(cells.drop(columns=2).to_numpy(), 0, atol=1e-12)
+    assert law.residual_pattern(cells).startswith("The largest average misfit is at $r = 2$, +0.030 nats")
+    assert "the law overestimates how well $r = 2$ does" in law.residual_pattern(cells)
+    cells.loc[cells.index[0], 2] = -0.06
+    assert law.residual_pattern(cells).endswith("with a sign that changes between budgets.")
+
+
 def test_worked_example_effective_sizes():
     """Paper appendix F.4: a ~1B plain model (s=32, d=2048) and its r=4 sibling."""
     e = law.effective_sizes("paper", r=4, s=32, phi=0.46)
@@ -65,7 +81,7 @@ def test_case_study_refit_against_baseline(tmp_path):
     t = cs.table()
     assert list(t["fit"]) == ["baseline", "truncated"] and (t["r2"] > 0.99).all()
     # only r = 4, 8 of the case study (the paper's "without r = 2" variant)
-    sub = case_studies.case_study(main, trunc, study_r=(4, 8), restarts=40, baseline=cs.baseline)
+    sub = case_studies.case_study(main, trunc, study_r=(4, 8), restarts=40, reuse=cs)
     assert set(sub.variant_runs["r"]) == {1, 4, 8} and sub.baseline is cs.baseline
     assert sub.ok and not sub.paired and sub.delta_phi_ci is None
     # a sweep that has barely started: the refit is skipped, the baseline still fitted
@@ -73,6 +89,9 @@ def test_case_study_refit_against_baseline(tmp_path):
     few = case_studies.case_study(main, trunc[trunc["budget"].isin(two)].groupby("budget").head(2), restarts=20)
     assert few.variant is None and few.baseline is not None and "skipped" in few.note
     assert few.budgets == two and few.delta_phi is None and few.table()["phi"].isna().iloc[1]
+    # a baseline offered for reuse that covers other budgets is refitted, not reused
+    part = case_studies.case_study(main, trunc[trunc["budget"].isin(two)], restarts=20, reuse=cs)
+    assert part.baseline is not cs.baseline and part.baseline.n_runs == len(part.baseline_runs)
     # one budget: N and D are tied, neither fit is attempted
     one = case_studies.case_study(main, trunc.head(9), restarts=20)
     assert one.budgets == [4.64e17] and one.baseline is None and one.variant is None

@@ -429,7 +429,7 @@ def test_cpu_estimate_times_a_new_study_with_the_presets_fast_path_runs(tmp_path
     runs/ (copies and eager runs excluded); the wall time on P processes is the longest of the
     P round-robin shards, as `--shard i/P` splits it."""
     from looped.train import atomic_write_json
-    runs = sweep.load_study("prose-main")[:6]
+    runs = sweep.load_study("cpu-main")[:6]
     root = tmp_path / "runs"
     for k, run in enumerate(sweep.load_study("prose-pilot")):  # wall = 0.2 s/step + 1e-10 s/FLOP
         s = accounting.summary(run.model_config(), run.budget, run.tokens_per_step)

@@ -1,4 +1,5 @@
 """Table formatting and the book's palette."""
+import dataclasses
 import math
 
 import pandas as pd
@@ -30,8 +31,8 @@ def test_html_table_groups_ours_and_paper():
 
 def test_one_colour_per_r_and_per_budget():
     assert set(R_VALUES) <= set(figures.R_COLORS) and len(set(figures.R_COLORS.values())) == len(figures.R_COLORS)
-    all_cpu = figures.budget_colors([3e10, 1e11, 3e11, 1e12])
-    lower = figures.budget_colors([3e10, 1e11, 3e11])
+    all_cpu = figures.budget_colors([2.5e12, 5e12, 1e13, 2.5e13])     # cpu-main and its case studies' budgets
+    lower = figures.budget_colors([2.5e12, 5e12])
     assert all(lower[b] == all_cpu[b] for b in lower)        # a budget keeps its colour in every figure
     paper = figures.budget_colors(PAPER_BUDGETS)
     assert len(set(paper.values())) == len(PAPER_BUDGETS)
@@ -90,16 +91,24 @@ def test_case_study_texts_follow_the_numbers():
     cs = _case_study([-0.4, -0.2, -0.1, 0.3])                      # negative change, interval contains zero
     assert case_studies.reproduced(cs, paper_delta=+0.19).startswith("no (opposite sign")
     assert case_studies.reproduced(cs, paper_delta=-0.07) == "direction only (interval contains 0)"
+    unpaired = dataclasses.replace(cs, variant_runs=cs.variant_runs.head(2))   # the tables hold other cells
+    assert unpaired.delta_phi_ci is None
+    assert case_studies.reproduced(unpaired, paper_delta=-0.07) == "direction only (no paired interval)"
     notes = " ".join(case_studies.edge_notes(cs))
     assert "E at the lower edge" in notes and "lower end of the variant fit's φ interval" in notes
     text = case_studies.verdict(cs, paper_delta=-0.07)
     assert "$" not in text and "contains zero" in text and "bound, not an estimate" in text
+    assert "6 times as wide as the baseline's" in text             # (-3, 1.5) against (0.5, 1.2)
+    cs.variant.ci = {"phi": (0.4, 1.3)}
+    assert "times as wide" not in case_studies.verdict(cs, paper_delta=-0.07)
     cells = pd.DataFrame({"r": [2, 2, 8, 8], "delta": [-0.02, -0.04, -0.10, -0.12]})
     reading = case_studies.cells_vs_phi(cells, cs, "variant")
     assert "4 of 4 cells" in reading and "grows with r" in reading and "points the other way" in reading
     assert case_studies.reproduced(_case_study([-0.3, -0.2, -0.1, -0.05]), paper_delta=-0.07) == "yes"
     bumpy = pd.DataFrame({"r": [2, 4, 8], "delta": [-0.057, -0.141, -0.077]})
     assert "does not change steadily with r (it is largest at r = 4)" in case_studies.cells_vs_phi(bumpy, cs, "variant")
+    flat = pd.DataFrame({"r": [2, 4, 8], "delta": [-0.056, -0.052, -0.064]})   # 0.008 nats apart: seed noise
+    assert "same at every r to within" in case_studies.cells_vs_phi(flat, cs, "variant")
 
 
 def test_phi_profile_has_its_minimum_near_the_fitted_phi(tmp_path):
