@@ -242,6 +242,7 @@ def plot_case_study_isoflop(axes, baseline_runs, variant_runs, label: str, r_val
                 ax.plot(g["n"], g["loss"], ls=ls, marker="o", ms=5, color=colors[c],
                         mfc=colors[c] if fill is None else fill)
         ax.set_xscale("log")
+        plain_log_axis(ax.xaxis)   # the case studies span less than a decade: no crowded minor labels
         ax.set_title(f"r = {r}")
         ax.set_xlabel("unique non-embedding parameters N")
         ax.grid(alpha=0.3)
