@@ -224,14 +224,14 @@ def rerun_targets(table: pd.DataFrame, joint, halves: dict | None = None, seed_s
         return pd.DataFrame(rows)
     runs, _ = main_design(table)
     rmse = float(np.sqrt(np.mean(residuals(joint, runs) ** 2)))
-    add("joint fit R² (raw nats)", f">= {r2_min}", f"{joint.r2:.4f}", joint.r2 >= r2_min)
-    add("residual RMSE (nats)", f"<= {rmse_max}", f"{rmse:.4f}", rmse <= rmse_max)
+    add("joint fit R² (raw nats)", f"≥ {r2_min}", f"{joint.r2:.4f}", joint.r2 >= r2_min)
+    add("residual RMSE (nats)", f"≤ {rmse_max}", f"{rmse:.4f}", rmse <= rmse_max)
     if seed_std is not None and np.isfinite(seed_std):
-        add("residual RMSE / seed noise (std)", f"<= {noise_factor:g}", f"{rmse / seed_std:.1f}",
+        add("residual RMSE / seed noise (std)", f"≤ {noise_factor:g}", f"{rmse / seed_std:.1f}",
             rmse <= noise_factor * seed_std)
     if "phi" in joint.ci:
         lo, hi = joint.ci["phi"]
-        add("width of phi's 95% interval", f"<= {phi_width_max}", f"{hi - lo:.3f}", hi - lo <= phi_width_max)
+        add("width of phi's 95% interval", f"≤ {phi_width_max}", f"{hi - lo:.3f}", hi - lo <= phi_width_max)
     if halves and len(halves) == 2 and all("phi" in fit.ci for _, fit in halves.values()):
         (_, low), (_, high) = halves["lower"], halves["upper"]
         agree = (low.ci["phi"][0] <= high.phi <= low.ci["phi"][1]) and (high.ci["phi"][0] <= low.phi <= high.ci["phi"][1])

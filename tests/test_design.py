@@ -191,10 +191,10 @@ def test_scale_comparison_reads_both_grids_and_presets():
 
 
 def test_targets_summary_names_every_miss_with_its_value():
-    targets = pd.DataFrame([{"target": "joint fit R² (raw nats)", "aim": ">= 0.99", "measured": "0.9715", "met": False},
-                            {"target": "residual RMSE (nats)", "aim": "<= 0.03", "measured": "0.0287", "met": True}])
+    targets = pd.DataFrame([{"target": "joint fit R² (raw nats)", "aim": "≥ 0.99", "measured": "0.9715", "met": False},
+                            {"target": "residual RMSE (nats)", "aim": "≤ 0.03", "measured": "0.0287", "met": True}])
     assert design.targets_summary(targets) == ("The study meets 1 of the 2 targets; it misses joint fit R² (raw nats) "
-                                               "(0.9715, aim >= 0.99).")
+                                               "(0.9715, aim ≥ 0.99).")
     assert design.targets_summary(targets.assign(met=True)) == "The study meets 2 of the 2 targets."
 
 
