@@ -433,8 +433,8 @@ def our_phi_fits(main_runs, truncated_runs=None, hyper=None, restarts: int = 500
                  bootstrap: int = 200) -> dict:
     """Our fits behind every estimate of phi, under the labels of `PHI_FITS`.
 
-    The joint fit (with ``bootstrap`` block-bootstrap resamples) and the budget halves (no
-    resamples) on the main design of the records in the folder ``main_runs`` (`study_runs`), the
+    The joint fit and the budget halves (each with ``bootstrap`` block-bootstrap resamples) on
+    the main design of the records in the folder ``main_runs`` (`study_runs`), the
     same calls as the fitting chapter; the case-study baseline and the hyperconnection refit
     from ``hyper`` (a `looped.case_studies.CaseStudy` already fitted); the truncated-BPTT refit
     on the records in ``truncated_runs`` beside the main study (`looped.case_studies.case_study`,
@@ -449,7 +449,7 @@ def our_phi_fits(main_runs, truncated_runs=None, hyper=None, restarts: int = 500
     out = dict.fromkeys(PHI_FITS)
     if joint_fit_ready(runs):
         out["joint fit"] = fit(runs, restarts=restarts, seed=seed, bootstrap=bootstrap)
-        for name, (_, res) in half_fits(runs, restarts=restarts, seed=seed).items():
+        for name, (_, res) in half_fits(runs, restarts=restarts, seed=seed, bootstrap=bootstrap).items():
             out[f"{name} budgets"] = res
     if hyper is not None:
         out["case-study baseline"], out["hyperconnections"] = hyper.baseline, hyper.variant
@@ -593,7 +593,7 @@ def joint_fit_verdict(joint, restricted: dict, runs, per_r: dict | None = None, 
         pl, ph = halves["lower"][1].phi, halves["upper"][1].phi
         rl, rh = halves["lower"][1].r2, halves["upper"][1].r2
         text += (f"  The budget halves give φ = {pl:.3f} (lower, R² {rl:.3f}) and {ph:.3f} (upper, R² {rh:.3f}), "
-                 f"a difference of {abs(ph - pl):.3f} against {p_half:.2f} in the paper")
+                 f"upper minus lower {ph - pl:+.3f} against {p_half:+.2f} in the paper")
         text += (f": the law describes the larger budgets, where the runs are longer, {'much ' if rh - rl > 0.05 else ''}"
                  f"better than the smaller ones." if rh - rl > 0.02 else ".")
     return text

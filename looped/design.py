@@ -98,13 +98,13 @@ def lr_explains(table: pd.DataFrame, r: int, misfit: float) -> str:
     account for it."""
     rows = table[table.r == r] if len(table) else table
     if not len(rows):
-        return f"The learning-rate check has no runs at $r = {r}$, so it cannot say whether the rate explains the misfit."
+        return f"The learning-rate check has no runs at r = {r}, so it cannot say whether the rate explains the misfit."
     row = rows.iloc[0]
     gap = float(row.gap_at_preset)
     small = gap < abs(misfit) / 2
-    return (f"At $r = {r}$ the learning-rate check finds the preset's multiplier ({row.preset_multiplier:g}) "
+    return (f"At r = {r} the learning-rate check finds the preset's multiplier ({row.preset_multiplier:g}) "
             f"{gap:.3f} nats above the best of those tried ({row.best_multiplier:g}), against a misfit of "
-            f"{misfit:+.3f} nats: a learning rate that suits $r = {r}$ less "
+            f"{misfit:+.3f} nats: a learning rate that suits r = {r} less "
             + ("cannot account for it." if small else "may account for part of it."))
 
 
@@ -282,9 +282,9 @@ def beside_the_paper(joint) -> str:
     text = (f"Our φ = {joint.phi:.3f}, 95% interval [{lo:.3f}, {hi:.3f}], against the paper's {PAPER_PHI:g} "
             f"[{plo:g}, {phi_:g}]: ")
     if lo > phi_:
-        text += f"ours lies entirely above the paper's, by at least {lo - phi_:.2f}."
+        text += f"ours lies entirely above the paper's, by {lo - phi_:.3f} at the closest ends."
     elif hi < plo:
-        text += f"ours lies entirely below the paper's, by at least {plo - hi:.2f}."
+        text += f"ours lies entirely below the paper's, by {plo - hi:.3f} at the closest ends."
     else:
         text += "the two intervals overlap."
     edges = [v for v, edge in ((lo, float(LO[5])), (hi, float(HI[5]))) if abs(v - edge) < 1e-6]
@@ -308,12 +308,13 @@ def scale_comparison(ours: str = "cpu-main", paper: str = "paper-main") -> pd.Da
     from .sweep import STUDIES
     plans = {name: study_plan(name) for name in (paper, ours)}
     presets = {name: get_preset(STUDIES[name][2]) for name in (paper, ours)}
+    from .tables import eng, power_of_ten
     whole = lambda x: f"{int(x):,}"
     rows = []
     for quantity, values, fmt in (
-            ("training budget (FLOPs)", lambda s: plans[s].budget, "{:.3g}".format),
-            ("unique non-embedding parameters", lambda s: plans[s].n, "{:.3g}".format),
-            ("training tokens per run", lambda s: plans[s].tokens, "{:.3g}".format),
+            ("training budget (FLOPs)", lambda s: plans[s].budget, power_of_ten),
+            ("unique non-embedding parameters", lambda s: plans[s].n, eng),
+            ("training tokens per run", lambda s: plans[s].tokens, eng),
             ("optimizer steps per run", lambda s: plans[s].steps, whole),
             ("width d_model", lambda s: plans[s].d_model, whole),
             ("context length T", lambda s: [presets[s].seq_len], whole),
@@ -321,7 +322,7 @@ def scale_comparison(ours: str = "cpu-main", paper: str = "paper-main") -> pd.Da
             ("head dimension", lambda s: [presets[s].head_dim], whole),
             ("effective depth (layers)", lambda s: [presets[s].effective_depth], whole)):
         ends = {s: (float(min(values(s))), float(max(values(s)))) for s in (paper, ours)}
-        text = {s: fmt(lo) if lo == hi else f"{fmt(lo)} - {fmt(hi)}" for s, (lo, hi) in ends.items()}
+        text = {s: fmt(lo) if lo == hi else f"{fmt(lo)} to {fmt(hi)}" for s, (lo, hi) in ends.items()}
         mid = {s: np.sqrt(lo * hi) for s, (lo, hi) in ends.items()}
         rows.append({"quantity": quantity, "paper": text[paper], "ours": text[ours],
                      "paper / ours": float(mid[paper] / mid[ours])})

@@ -50,10 +50,10 @@ def residual_pattern(cells: "pd.DataFrame") -> str:
     by_r = cells.mean()
     worst = by_r.abs().idxmax()
     column = cells[worst].dropna()
-    text = f"The largest average misfit is at $r = {int(worst)}$, {by_r[worst]:+.3f} nats over its budgets"
+    text = f"The largest average misfit is at r = {int(worst)}, {by_r[worst]:+.3f} nats over its budgets"
     if len(column) > 1 and ((column > 0).all() or (column < 0).all()):
         return (text + f", with the same sign at every budget: the law {'over' if by_r[worst] > 0 else 'under'}"
-                f"estimates how well $r = {int(worst)}$ does at each of them, rather than missing one budget.")
+                f"estimates how well r = {int(worst)} does at each of them, rather than missing one budget.")
     return text + ", with a sign that changes between budgets."
 
 

@@ -186,8 +186,8 @@ def power_of_ten(v: float, digits: int = 3) -> str:
 def number_text(v, column: str = "") -> str:
     """One cell for an HTML table: '-' for missing, yes/no for booleans, budgets and FLOPs as powers
     of ten, whole numbers with thousands separators (47,517,696), the law's parameters with the
-    precision of `cell_text`, other numbers to four significant digits without an exponent
-    between 1e-3 and 1e6."""
+    precision of `cell_text`, other numbers to four significant digits (whole from 1e4) without an
+    exponent between 1e-3 and 1e6."""
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
     if isinstance(v, (bool,)) or type(v).__name__ == "bool_":
@@ -208,6 +208,8 @@ def number_text(v, column: str = "") -> str:
         return f"{int(x):,}"
     if abs(x) >= 1e6 or abs(x) < 1e-3:
         return power_of_ten(x, 4)
+    if abs(x) >= 1e4:   # '{:.4g}' would print 1.093e+05; a whole number reads better
+        return f"{x:,.0f}"
     return f"{x:.4g}"
 
 

@@ -77,7 +77,7 @@ def test_verdict_box_edge_per_r_gaps_and_halves():
     assert "+0.010 at r = 2, +0.020 at r = 4 nats" in text and "less than the paper's law says" in text
     assert "need not move together" in text and "pulls φ" not in text
     assert "φ = 1.050 (lower, R² 0.900) and 0.920 (upper, R² 0.990)" in text
-    assert "a difference of 0.130 against 0.05 in the paper" in text and "much better than the smaller" in text
+    assert "upper minus lower -0.130 against +0.05 in the paper" in text and "much better than the smaller" in text
 
 
 def test_verdict_sizes_the_residuals_and_reads_per_r_fits_by_their_quality():

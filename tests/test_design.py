@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from looped import design, estimate, sweep
+from looped import design, estimate, sweep, tables
 from looped.train import atomic_write_json
 
 
@@ -183,9 +183,10 @@ def test_scale_comparison_reads_both_grids_and_presets():
     assert table.loc["context length T", "paper"] == "2,048" and table.loc["context length T", "ours"] == "128"
     assert table.loc["context length T", "paper / ours"] == 16.0
     assert table.loc["head dimension", "ours"] == "8" and table.loc["effective depth (layers)", "paper / ours"] == 2.0
-    budgets = [float(x) for x in table.loc["training budget (FLOPs)", "ours"].split(" - ")]
     shape = design.grid_shape("cpu-main")
-    assert budgets == [shape.budget.min(), shape.budget.max()]
+    budgets = [shape.budget.min(), shape.budget.max()]
+    assert table.loc["training budget (FLOPs)", "ours"] == " to ".join(tables.power_of_ten(b) for b in budgets)
+    assert table.loc["unique non-embedding parameters", "ours"].endswith("k")   # engineering notation, no 1e+05
     assert table.loc["training budget (FLOPs)", "paper / ours"] == pytest.approx(
         (4.64e17 * 2.15e19) ** 0.5 / (budgets[0] * budgets[1]) ** 0.5, rel=1e-3)
 
@@ -204,8 +205,8 @@ def test_beside_the_paper_reads_overlap_and_the_box_edge():
     def joint(phi, lo, hi):
         return FitResult(A=1, alpha=0.3, B=1, beta=0.3, E=1, phi=phi, r2=0.99, huber=0, n_runs=10, restarts=1,
                          ci={"phi": (lo, hi)})
-    assert design.beside_the_paper(joint(0.66, 0.60, 0.75)).endswith("ours lies entirely above the paper's, by at least 0.07.")
-    assert design.beside_the_paper(joint(0.30, 0.20, 0.35)).endswith("by at least 0.06.")
+    assert design.beside_the_paper(joint(0.66, 0.60, 0.75)).endswith("ours lies entirely above the paper's, by 0.070 at the closest ends.")
+    assert design.beside_the_paper(joint(0.30, 0.20, 0.35)).endswith("by 0.060 at the closest ends.")
     assert "the two intervals overlap." in design.beside_the_paper(joint(0.5, 0.45, 0.6))
     edge = design.beside_the_paper(joint(0.66, -3.0, 0.83))
     assert "the two intervals overlap." in edge and "edge of the fit's search box (φ = -3):" in edge
@@ -220,7 +221,7 @@ def test_lr_explains_weighs_the_rate_gap_against_the_misfit():
     text = design.lr_explains(table, 2, 0.03)
     assert "multiplier (1.4) 0.004 nats above the best of those tried (2)" in text and text.endswith("cannot account for it.")
     assert design.lr_explains(table.assign(gap_at_preset=0.02), 2, 0.03).endswith("may account for part of it.")
-    assert "has no runs at $r = 8$" in design.lr_explains(table, 8, 0.03)
+    assert "has no runs at r = 8" in design.lr_explains(table, 8, 0.03)
 
 
 def test_leave_one_r_out_finds_the_architecture_that_misfits():

@@ -13,6 +13,7 @@ def test_number_text_has_no_raw_floats():
     assert tables.number_text(2.15e19, "budget") == "2.15×10¹⁹"
     assert tables.number_text(47517696.0, "n") == "47,517,696"
     assert tables.number_text(72.0, "runs") == "72"
+    assert tables.number_text(109318.18, "n_star") == "109,318"          # not 1.093e+05
     assert tables.number_text(0.45912, "phi") == "0.459"
     assert tables.number_text(float("nan"), "phi") == "-"
     assert tables.number_text(True) == "yes"
