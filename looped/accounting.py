@@ -98,6 +98,12 @@ def looped_flops_share(cfg: ModelConfig) -> float:
     return part / flops_per_token(replace(cfg, bptt_k=None))
 
 
+def injection_flops_share(cfg: ModelConfig) -> float:
+    """The share of the full-backprop training FLOPs per token spent in the linear injection
+    (6 r 2d^2): what dropping it for hyperconnections saves, before the lane mixing is added back."""
+    return 6 * cfg.r * injection_params(cfg) / flops_per_token(replace(cfg, bptt_k=None))
+
+
 def hyperp_reference_tokens(cfg: ModelConfig) -> int:
     """D_ref of the HyperP learning-rate transfer: 10 tokens per "code-effective" parameter of
     the preset's reference model (s = ref_s; r=4 for looped models, the plain model for r=1).

@@ -505,6 +505,13 @@ def rmse_at_phi(law, runs, phis) -> dict:
             for v in phis}
 
 
+def gap_side(gaps, paper_gaps) -> "str | None":
+    """'more' when looping costs our runs more than the paper's law predicts at every r (mean
+    same-width gaps of `same_width_gaps`), 'less' when less at every r, None when it varies."""
+    ref = paper_gaps["mean_gap"].reindex(gaps.index)
+    return "less" if (gaps["mean_gap"] < ref).all() else "more" if (gaps["mean_gap"] > ref).all() else None
+
+
 def joint_fit_verdict(joint, restricted: dict, runs, per_r: dict | None = None, gaps=None, paper_gaps=None,
                       halves: dict | None = None) -> str:
     """The paragraph (Markdown) that reads a joint fit of our runs beside the paper's.
@@ -584,8 +591,7 @@ def joint_fit_verdict(joint, restricted: dict, runs, per_r: dict | None = None, 
         text += (f"  Without any law, the mean loss of a looped model minus that of the plain model of the same width "
                  f"and budget is {mg} nats (the paper's law: "
                  + ", ".join(f"{g:+.2f} at r = {r}" for r, g in paper_gaps["mean_gap"].items()) + ")")
-        ref = paper_gaps["mean_gap"].reindex(gaps.index)
-        side = ("less" if (gaps["mean_gap"] < ref).all() else "more" if (gaps["mean_gap"] > ref).all() else None)
+        side = gap_side(gaps, paper_gaps)
         text += (f": looping costs our models {side} than the paper's law says it costs at scale.  How a gap turns "
                  f"into φ depends on the law's other parameters (a gap is the size term at N_once + r^φ N_rec minus "
                  f"the same at N), so the gaps and φ need not move together." if side else ".")

@@ -164,3 +164,12 @@ def test_looped_flops_share_predicts_the_truncation_gain(preset, s):
     share = acc.looped_flops_share(full)
     assert 0 < share < 1 and acc.looped_flops_share(trunc) == share  # a property of the architecture
     assert acc.flops_per_token(full) / acc.flops_per_token(trunc) == pytest.approx(1 / (1 - share / 3), rel=1e-12)
+
+
+def test_injection_flops_share_is_what_hyperconnections_save():
+    lin = model_config("paper", r=4, s=10)
+    hyp = model_config("paper", r=4, s=10, injection="hyperconnect", lanes=2)
+    mixing = 6 * 4 * (2 ** 2 + 2 * 2) * lin.d_model          # the lanes' mixing FLOPs added back
+    saved = acc.flops_per_token(lin) - acc.flops_per_token(hyp) + mixing
+    assert acc.injection_flops_share(lin) * acc.flops_per_token(lin) == pytest.approx(saved, rel=1e-12)
+    assert acc.injection_flops_share(model_config("paper", r=1, s=10)) == 0       # the plain model has none

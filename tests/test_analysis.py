@@ -132,3 +132,11 @@ def test_rmse_at_phi_is_zero_at_the_laws_phi():
     rmse = analysis.rmse_at_phi(_fit(0.5), runs, (0.0, 0.5, 1.0))
     assert list(rmse) == [0.0, 0.5, 1.0]
     assert rmse[0.5] < 1e-12 < 1e-3 < min(rmse[0.0], rmse[1.0])
+
+
+def test_gap_side_needs_every_r_on_one_side():
+    paper = pd.DataFrame({"mean_gap": [0.04, 0.07, 0.11]}, index=[2, 4, 8])
+    ours = lambda *g: pd.DataFrame({"mean_gap": list(g)}, index=[2, 4, 8])  # noqa: E731
+    assert analysis.gap_side(ours(0.08, 0.09, 0.12), paper) == "more"
+    assert analysis.gap_side(ours(0.01, 0.02, 0.03), paper) == "less"
+    assert analysis.gap_side(ours(0.08, 0.02, 0.12), paper) is None
