@@ -173,9 +173,14 @@ DEFAULT_SEED = 42
 
 
 def run_name(cfg: ModelConfig, budget: float | None = None, steps: int | None = None,
-             lr_scale: float | None = None, seed: int = DEFAULT_SEED, batch_tokens: int | None = None) -> str:
+             lr_scale: float | None = None, seed: int = DEFAULT_SEED, batch_tokens: int | None = None,
+             data_order: int | None = None) -> str:
     """A readable, unique name for a run within a study (its record's file name)."""
     parts = [f"C{budget:.3g}" if budget else f"steps{steps}", f"r{cfg.r}", f"s{cfg.s:g}"]
+    if budget and steps:  # a cell's run trained for a set number of steps (e.g. matched tokens)
+        parts.append(f"steps{steps}")
+    if cfg.injection == "linear" and cfg.r == 1:  # a looped model run once, not the plain model
+        parts.append("linear")
     if cfg.injection not in ("none", "linear"):
         parts.append(cfg.injection + (f"{cfg.lanes}" if cfg.injection == "hyperconnect" else ""))
     if cfg.bptt_k is not None:
@@ -184,6 +189,8 @@ def run_name(cfg: ModelConfig, budget: float | None = None, steps: int | None = 
         parts.append(f"lr{lr_scale:g}")
     if seed != DEFAULT_SEED:
         parts.append(f"seed{seed}")
+    if data_order is not None:
+        parts.append(f"order{data_order}")
     if batch_tokens is not None and batch_tokens != get_preset(cfg.preset).batch_tokens:
         parts.append(f"b{batch_tokens}")
     return "_".join(parts).replace("+", "")

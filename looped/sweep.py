@@ -40,6 +40,12 @@ STUDIES = {
     "prose-lr": ("prose", "lr", "prose"),
     "prose-seeds": ("prose", "seeds", "prose"),
     "prose-batch": ("prose", "batch", "prose"),
+    # Issue 25's runs: r = 1 controls for the case studies, truncated runs at their pair's token
+    # count, seeds 43/44 (with their own data order) in every arm, and a fifth main budget.
+    "cpu-controls": ("prose", "controls", "prose"),
+    "cpu-matched": ("prose", "truncated_matched", "prose"),
+    "cpu-replicates": ("prose", "replicates", "prose"),
+    "cpu-drift": ("prose", "drift", "prose"),
 }
 
 
@@ -60,12 +66,25 @@ class Run:
     lr_scale: float | None = None  # optional grid column: an LR sweep's multiplier (None: the preset's)
     seed: int = DEFAULT_SEED  # optional grid column: a seed-noise study's seed
     batch_tokens: int | None = None  # optional grid column: tokens per step (None: the preset's)
+    data_order: int | None = None  # optional grid column: seed of the data order (None: fixed order)
+    match_tokens: bool = False  # optional grid column: train for the tokens the untruncated model
+                                # gets at this budget (so a truncated run's pair differs only in N_eff)
 
     def train_config(self, **kw):
         from .train import TrainConfig
         return TrainConfig(preset=self.preset, r=self.r, s=self.s, injection=self.injection, lanes=self.lanes,
-                           bptt_k=self.bptt_k, budget=self.budget, study=self.study, lr_scale=self.lr_scale,
-                           seed=self.seed, batch_tokens=self.batch_tokens, **kw)
+                           bptt_k=self.bptt_k, budget=self.budget, steps=self.steps, study=self.study,
+                           lr_scale=self.lr_scale, seed=self.seed, batch_tokens=self.batch_tokens,
+                           data_order=self.data_order, **kw)
+
+    @property
+    def steps(self) -> int | None:
+        """Set only for matched-token runs: the steps of the same model with full backprop."""
+        if not self.match_tokens:
+            return None
+        from .accounting import steps_for_budget
+        full = model_config(self.preset, r=self.r, s=self.s, injection=self.injection, lanes=self.lanes)
+        return steps_for_budget(full, self.budget, self.tokens_per_step)
 
     def model_config(self):
         return model_config(self.preset, r=self.r, s=self.s, injection=self.injection, lanes=self.lanes,
@@ -77,8 +96,8 @@ class Run:
 
     @property
     def run_id(self) -> str:
-        return run_name(self.model_config(), self.budget, lr_scale=self.lr_scale, seed=self.seed,
-                        batch_tokens=self.batch_tokens)
+        return run_name(self.model_config(), self.budget, self.steps, lr_scale=self.lr_scale, seed=self.seed,
+                        batch_tokens=self.batch_tokens, data_order=self.data_order)
 
 
 def parse_injection(name: str) -> tuple[str, int]:
@@ -89,7 +108,8 @@ def parse_injection(name: str) -> tuple[str, int]:
     return name, 2
 
 
-GRID_COLUMNS = ("study", "budget_flops", "r", "s", "injection", "bptt_k")  # + optional lr_scale, seed, batch_tokens
+GRID_COLUMNS = ("study", "budget_flops", "r", "s", "injection", "bptt_k")
+# + optional lr_scale, seed, batch_tokens, data_order, match_tokens
 
 
 def load_study(name: str, grid: str | Path | None = None, preset: str = "cpu") -> list[Run]:
@@ -124,6 +144,10 @@ def load_study(name: str, grid: str | Path | None = None, preset: str = "cpu") -
             extra["seed"] = int(row.seed)
         if "batch_tokens" in table.columns and pd.notna(row.batch_tokens):
             extra["batch_tokens"] = int(row.batch_tokens)
+        if "data_order" in table.columns and pd.notna(row.data_order):
+            extra["data_order"] = int(row.data_order)
+        if "match_tokens" in table.columns and pd.notna(row.match_tokens):
+            extra["match_tokens"] = bool(int(row.match_tokens))
         runs.append(Run(name, preset, float(row.budget_flops), int(row.r), float(row.s), injection, lanes,
                         None if k >= row.r else k, **extra))
     # Records are keyed by run_id (budget to 3 significant digits): two different rows with one
@@ -287,7 +311,7 @@ def adopt_records(runs: list[Run], out: str | Path, sources) -> list[str]:
 
 COLUMNS = ["run_id", "study", "status", "budget", "r", "s", "injection", "bptt_k", "d_model", "n", "n_once",
            "n_rec", "flops_per_token", "tokens", "steps", "loss", "wall_seconds", "tokens_per_s", "mfu",
-           "lr_scale", "seed", "batch_tokens"]
+           "lr_scale", "seed", "batch_tokens", "data_order"]
 
 
 def read_records(folder: str | Path) -> pd.DataFrame:

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import platform
+import random
 import subprocess
 import sys
 import time
@@ -44,11 +45,13 @@ class TrainConfig:
     lanes: int = 2
     bptt_k: int | None = None
     budget: float | None = None       # training FLOPs; or give `steps`
-    steps: int | None = None
+    steps: int | None = None          # with `budget` too: train this many steps; `budget` names the cell
     batch_tokens: int | None = None   # default: the preset's
     micro_batch: int | None = None    # rows per forward pass per process (None: the whole batch on
                                       # the CPU, the largest that fits on a GPU)
     seed: int = DEFAULT_SEED
+    data_order: int | None = None     # None: the fixed row order every run reads; an int seeds a
+                                      # permutation of the run's step blocks (same rows, new order)
     lr_scale: float | None = None     # multiplies HyperP's learning rates (None: the preset's default)
     out: str | None = None            # record path; None writes no record
     study: str = "adhoc"
@@ -71,10 +74,19 @@ class TrainConfig:
 
 def run_id(tc: TrainConfig) -> str:
     """A readable, unique name for a run within a study."""
-    return run_name(tc.model_config(), tc.budget, tc.steps, tc.lr_scale, tc.seed, tc.batch_tokens)
+    return run_name(tc.model_config(), tc.budget, tc.steps, tc.lr_scale, tc.seed, tc.batch_tokens, tc.data_order)
 
 
 # ----------------------------------------------------------------------------- utilities
+
+def step_blocks(steps: int, data_order: int | None) -> list[int]:
+    """Which block of rows_per_step train rows each step reads: block i at step i, or a seeded
+    permutation of the same blocks (a run still sees exactly its first steps x R rows)."""
+    order = list(range(steps))
+    if data_order is not None:
+        random.Random(f"data-order-{data_order}").shuffle(order)
+    return order
+
 
 def atomic_write_bytes(path: Path, payload: bytes):
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -266,8 +278,8 @@ def train(tc: TrainConfig) -> dict:
     T = cfg.seq_len
     if batch_tokens % T:
         raise ConfigError(f"batch_tokens={batch_tokens} must be a multiple of seq_len={T}")
-    if (tc.budget is None) == (tc.steps is None):
-        raise ConfigError("give exactly one of budget and steps")
+    if tc.budget is None and tc.steps is None:
+        raise ConfigError("give a budget or a number of steps")
     if tc.steps is not None and tc.steps < 1:
         raise ConfigError(f"steps must be >= 1, got {tc.steps}")
     steps = tc.steps or accounting.steps_for_budget(cfg, tc.budget, batch_tokens)
@@ -312,7 +324,8 @@ def train(tc: TrainConfig) -> dict:
     # The micro-batch is not part of a run's identity: it changes only the summation order,
     # so a run may resume on another GPU with another micro-batch.
     identity = {"model": cfg.to_dict(), "steps": steps, "batch_tokens": batch_tokens, "seed": tc.seed,
-                "lr_scale": lr_scale}
+                "lr_scale": lr_scale, **({"data_order": tc.data_order} if tc.data_order is not None else {})}
+    blocks = step_blocks(steps, tc.data_order)
     start, state = 0, {"curve": [], "train_seconds": 0.0, "steady": [0, 0.0], "first_step_seconds": None,
                        "run": identity}
     if ckpt_path and tc.resume and ckpt_path.exists():
@@ -329,7 +342,7 @@ def train(tc: TrainConfig) -> dict:
         accum = rows_per_step // (micro * dd.world)
         loss_sum = torch.zeros((), device=dd.device)
         for a in range(accum):
-            first = step * rows_per_step + (a * dd.world + dd.rank) * micro
+            first = blocks[step] * rows_per_step + (a * dd.world + dd.rank) * micro
             batch = dataset.rows("train", first, micro).to(dd.device, non_blocking=True)
             sync_ctx = model.no_sync() if dd.world > 1 and a < accum - 1 else _nullctx()
             with sync_ctx, autocast:
@@ -416,7 +429,8 @@ def train(tc: TrainConfig) -> dict:
         "mfu": tok_s * flops_per_token / peak if tok_s and peak else None, "peak_flops": peak,
         "first_step_seconds": state["first_step_seconds"], "micro_batch": micro, "compile": tc.compile,
         "peak_memory_bytes": peak_memory_bytes(dd.device),
-        "device": device_name(dd.device), "world_size": dd.world, "seed": tc.seed, "lr_scale": lr_scale,
+        "device": device_name(dd.device), "world_size": dd.world, "seed": tc.seed, "data_order": tc.data_order,
+        "lr_scale": lr_scale,
         "learning_rates": {g.get("name", str(i)): g["initial_lr"] for o in optimizers
                            for i, g in enumerate(o.param_groups)},
         "config": cfg.to_dict(), "train": {k: v for k, v in asdict(tc).items() if k not in ("quiet",)},
@@ -465,6 +479,8 @@ def add_train_args(ap: argparse.ArgumentParser):
     ap.add_argument("--batch-tokens", type=int, default=None)
     ap.add_argument("--micro-batch", type=int, default=None, help="rows per forward pass per process")
     ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--data-order", type=int, default=None,
+                    help="seed a permutation of the run's step blocks (default: the fixed order)")
     ap.add_argument("--lr-scale", type=float, default=None,
                     help="multiplier on HyperP's learning rates (default: the preset's, 1 but where an LR sweep re-based it)")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
@@ -491,7 +507,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     tc = TrainConfig(preset=a.preset, r=a.r, s=a.size, injection=a.injection, lanes=a.lanes, bptt_k=a.bptt_k,
                      budget=a.budget, steps=a.steps, batch_tokens=a.batch_tokens, micro_batch=a.micro_batch,
-                     seed=a.seed, lr_scale=a.lr_scale, out=a.out, study=a.study, checkpoint=a.checkpoint,
+                     seed=a.seed, data_order=a.data_order, lr_scale=a.lr_scale, out=a.out, study=a.study, checkpoint=a.checkpoint,
                      checkpoint_every=a.checkpoint_every, resume=not a.no_resume, overwrite=a.overwrite,
                      compile=a.compile, peak_flops=a.peak_flops, data_dir=a.data_dir, quiet=a.quiet)
     try:

@@ -528,3 +528,31 @@ def test_a_run_whose_holder_dies_is_taken_up_at_the_end(grid_csv, tmp_path, monk
     sweep.sweep(STUDY, out, grid=grid_csv, preset="tiny", log=log.append)
     assert sorted(calls) == sorted(run.run_id for run in runs) and calls[-1] == runs[0].run_id
     assert sum("skipped, another sweep" in line for line in log) == 1
+
+
+def test_issue25_grid_columns_seed_the_data_order_and_match_tokens():
+    """The replicate, matched-token and control rows load with their options and distinct ids."""
+    replicates = sweep.load_study("cpu-replicates")
+    assert {run.seed for run in replicates} == {43, 44}
+    assert all(run.data_order == run.seed for run in replicates)
+    assert all(run.run_id.endswith(f"_seed{run.seed}_order{run.seed}") for run in replicates)
+    matched = sweep.load_study("cpu-matched")
+    truncated = {(run.budget, run.r, run.s): run for run in sweep.load_study("cpu-truncated")}
+    for run in matched:
+        pair = model_config("prose", r=run.r, s=run.s)  # the same model with full backprop
+        assert run.steps == accounting.steps_for_budget(pair, run.budget, run.tokens_per_step)
+        # truncation makes a step cheaper, so at one budget the truncated run trains longer
+        alone = truncated[(run.budget, run.r, run.s)]
+        assert accounting.steps_for_budget(alone.model_config(), run.budget, run.tokens_per_step) > run.steps
+        assert run.train_config().steps == run.steps and run.train_config().budget == run.budget
+    controls = sweep.load_study("cpu-controls")
+    assert {run.r for run in controls} == {1}
+    assert {run.run_id.split("_")[-1] for run in controls} == {"linear", "hyperconnect2"}
+
+
+def test_data_order_permutes_the_same_blocks():
+    from looped.train import step_blocks
+    assert step_blocks(50, None) == list(range(50))
+    shuffled = step_blocks(50, 43)
+    assert sorted(shuffled) == list(range(50)) and shuffled != list(range(50))
+    assert shuffled == step_blocks(50, 43) and shuffled != step_blocks(50, 44)
