@@ -7,11 +7,10 @@ published tables.
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 import argparse
 import json
 import sys
+from dataclasses import replace
 
 from .config import ConfigError, ModelConfig, get_preset, model_config
 

@@ -7,11 +7,13 @@ import sys
 COMMANDS = {  # name -> (module, function, one-line help)
     "accounting": ("looped.accounting", "main", "parameter and FLOPs accounting of a configuration"),
     "train": ("looped.train", "main", "train one configuration for a FLOPs budget"),
-    "sweep": ("looped.sweep", "main", "run (or size, with --dry-run) a named study, resumably"),
-    "runs": ("looped.sweep", "runs_main", "print a study's runs table and export the fitter's CSV"),
+    "sweep": ("looped.studies.sweep", "main", "run (or size, with --dry-run) a named study, resumably"),
+    "runs": ("looped.studies.sweep", "runs_main", "print a study's runs table and export the fitter's CSV"),
     "fit": ("looped.fit", "main", "fit the joint scaling law (phi) to a runs table"),
     "data": ("looped.data", "main", "prepare tokenizer and data shards"),
-    "bench": ("looped.bench", "main", "benchmarks: `bench train`, `bench fit`"),
+    "bench": ("looped.studies.bench", "main", "benchmarks: `bench train`, `bench fit`"),
+    "robustness": ("looped.studies.robustness", "main", "is phi a constant: other forms, drift with compute, lack of fit"),
+    "paired": ("looped.studies.paired", "main", "case studies: paired estimators of delta-phi and their simulation"),
 }
 
 

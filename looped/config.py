@@ -8,7 +8,7 @@ Kept free of torch so that the accounting and the fitter import in milliseconds.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent  # the checkout: runs/, data/, book/ live here
@@ -169,6 +169,7 @@ def model_config(preset: Preset | str = "paper", r: int = 1, s: float = 10, inje
     return replace(cfg, **overrides).validate()
 
 
+R_VALUES = (1, 2, 4, 8)  # recurrences of the paper's iso-depth grid
 DEFAULT_SEED = 42
 
 

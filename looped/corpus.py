@@ -513,7 +513,7 @@ def main(argv=None) -> int:
             print(f"{name:<34} {d['docs']:>7,} {d['val_docs']:>5,} {d['paragraphs']:>8,} {d['words']:>11,} {d['chars']:>12,}")
         print(f"read in {time.time() - t0:.0f}s")
         if args.vocab:
-            from .data import train_bpe
+            from .tokenizers import train_bpe
             train = [p + "\n\n" for k, ps in docs if not is_val(k) for p in ps]
             val = [p + "\n\n" for k, ps in docs if is_val(k) for p in ps]
             for v in args.vocab:

@@ -39,8 +39,8 @@ import numpy as np
 
 from .config import REPO, Preset, get_preset
 from .corpus import DataError, fineweb_texts, is_val_text, paragraphs, shakespeare_plays  # noqa: F401
+from .io import atomic_open
 from .tokenizers import BOS, gpt2_tiktoken, hf_tokenizer, load_tokenizer, train_bpe  # noqa: F401
-
 
 RECIPE = 1            # bump when documents/tokenizer/packing change: cached dirs get rebuilt
 SEED = 42             # the paper's seed; fixes document order (and hence row order)
@@ -187,14 +187,9 @@ def write_shard(path: str | os.PathLike, rows, row_len: int, vocab_size: int) ->
         raise DataError(f"{path}: token ids outside [0, {vocab_size})")
     payload = arr.astype("<u2").tobytes()
     header = _HEADER.pack(MAGIC, VERSION, arr.size, row_len, vocab_size, zlib.crc32(payload))
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
+    with atomic_open(path) as f:
         f.write(header.ljust(HEADER_BYTES, b"\x00"))
         f.write(payload)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
     return len(arr)
 
 

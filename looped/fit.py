@@ -21,7 +21,7 @@ studies several times (the main fit in chapters 4 and 6, the truncated study in 
 `make test` then `make book` execute every chapter twice.
 
 What is computed from a fitted law (predictions, effective sizes, compute-optimal frontiers)
-is in `looped.law`; the case-study refits are in `looped.case_studies`.
+is in `looped.law`; the case-study refits are in `looped.studies.case_studies`.
 This module must stay torch-free (it imports in milliseconds).
 """
 from __future__ import annotations
@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .io import atomic_write_bytes
 from .solver import HI, LAW_PARAMS, LO, THETA_PARAMS, RunArrays, law_loss, random_starts, solve_restarts
 
 if TYPE_CHECKING:
@@ -306,10 +307,7 @@ def fit(df, restarts: int = 500, seed: int = 0, fix: dict | None = None, bootstr
             pass
     res = _fit(df, **arguments)
     if cached is not None:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_bytes(pickle.dumps(res))
-        os.replace(tmp, cached)
+        atomic_write_bytes(cached, pickle.dumps(res))
     return res
 
 

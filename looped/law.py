@@ -13,9 +13,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import accounting as acc
-from .config import model_config
+from .config import R_VALUES, model_config
 from .fit import FitError, FitResult
-from .paper import PAPER_BUDGETS, PAPER_LAW, PAPER_PHI, R_VALUES, paper_grid
 from .solver import LAW_PARAMS
 
 if TYPE_CHECKING:
@@ -44,18 +43,6 @@ def residual_cells(result: FitResult, df) -> "pd.DataFrame":
     return table.pivot_table(index="budget", columns="r", values="residual", aggfunc="mean")
 
 
-def residual_pattern(cells: "pd.DataFrame") -> str:
-    """One sentence (Markdown) on `residual_cells`: which r the law misses most on average and
-    whether it misses it the same way at every budget (a mis-priced architecture) or not."""
-    by_r = cells.mean()
-    worst = by_r.abs().idxmax()
-    column = cells[worst].dropna()
-    text = f"The largest average misfit is at r = {int(worst)}, {by_r[worst]:+.3f} nats over its budgets"
-    if len(column) > 1 and ((column > 0).all() or (column < 0).all()):
-        return (text + f", with the same sign at every budget: the law {'over' if by_r[worst] > 0 else 'under'}"
-                f"estimates how well r = {int(worst)} does at each of them, rather than missing one budget.")
-    return text + ", with a sign that changes between budgets."
-
 
 def law_params(law) -> dict:
     """A, alpha, B, beta, E, phi from a FitResult or a dict (phi None or absent: Chinchilla, N unique)."""
@@ -69,17 +56,6 @@ def law_params(law) -> dict:
         out[k] = float(out[k])
     return out
 
-
-def synthetic_runs(law: dict | None = None, noise: float = 0.01, seed: int = 0, grid=None) -> "pd.DataFrame":
-    """Runs of the grid (default: the paper's 116-run main grid) with losses from `law`
-    (default: the paper's joint fit) plus Gaussian noise of `noise` nats."""
-    law = dict(PAPER_LAW, **(law or {}))
-    df = (paper_grid() if grid is None else grid).copy()
-    neff = df["n_once"] + df["r"] ** law["phi"] * df["n_rec"]
-    clean = law["E"] + law["A"] * neff ** (-law["alpha"]) + law["B"] * df["tokens"] ** (-law["beta"])
-    df["loss"] = clean + np.random.default_rng(seed).normal(0.0, noise, len(df))
-    df["status"] = "ok"
-    return df
 
 
 def config_at_width(preset, r: int, d: float, injection=None, bptt_k=None):
@@ -97,7 +73,7 @@ def width_polynomials(preset, r: int, injection=None, bptt_k=None) -> np.ndarray
     return np.linalg.solve(np.vander(ds, 3, increasing=True), vals.T).T
 
 
-def effective_sizes(preset="paper", r: int = 4, s: float = 32, phi: float = PAPER_PHI,
+def effective_sizes(preset="paper", r: int = 4, s: float = 32, *, phi: float,
                     injection: str | None = None, bptt_k: int | None = None) -> dict:
     """Three sizes of a looped model (and of the plain model of the same width, for scale).
 
@@ -154,7 +130,7 @@ def effective_size_vs_phi(preset: str = "paper", s: float = 32, r_values=(2, 4, 
     return pd.DataFrame(rows)
 
 
-def compute_optimal(result: FitResult, preset="paper", r=R_VALUES, budgets=None, s_grid=None,
+def compute_optimal(result: FitResult, preset="paper", r=R_VALUES, *, budgets, s_grid=None,
                     injection: str | None = None, bptt_k: int | None = None) -> "pd.DataFrame":
     """Compute-optimal allocation under the fitted law: for each r and budget C, minimise the
     predicted loss over the preset's widths (s_grid, deduplicated by d_model) with D = C / F,
@@ -164,7 +140,7 @@ def compute_optimal(result: FitResult, preset="paper", r=R_VALUES, budgets=None,
     import pandas as pd
 
     rs = [r] if np.isscalar(r) else list(r)
-    budgets = list(PAPER_BUDGETS if budgets is None else budgets)
+    budgets = list(budgets)
     s_grid = np.arange(2, 160, 1.0) if s_grid is None else np.asarray(s_grid, float)
     rows = []
     for rr in rs:
@@ -197,7 +173,7 @@ def compute_optimal(result: FitResult, preset="paper", r=R_VALUES, budgets=None,
     return pd.DataFrame(rows)
 
 
-def compute_optimal_frontier(law, preset="paper", r=R_VALUES, budgets=None,
+def compute_optimal_frontier(law, preset="paper", r=R_VALUES, *, budgets,
                              injection: str | None = None, bptt_k=None,
                              d_bounds=(8.0, 1e6)) -> "pd.DataFrame":
     """The compute-optimal frontier of a law with the width treated as continuous.
@@ -215,7 +191,7 @@ def compute_optimal_frontier(law, preset="paper", r=R_VALUES, budgets=None,
 
     p = law_params(law)
     rs = [r] if np.isscalar(r) else list(r)
-    budgets = list(PAPER_BUDGETS if budgets is None else budgets)
+    budgets = list(budgets)
     lo, hi = np.log(d_bounds[0]), np.log(d_bounds[1])
     grid = np.linspace(lo, hi, 241)
     rows = []
@@ -262,13 +238,13 @@ def compute_optimal_for_loss(law, target: float, preset="paper", r=R_VALUES, inj
     out = []
     for rr in rs:
         def gap(logc):
-            return compute_optimal_frontier(p, preset, rr, [math.exp(logc)], injection, bptt_k)["loss_star"].iloc[0] - target
+            return compute_optimal_frontier(p, preset, rr, budgets=[math.exp(logc)], injection=injection, bptt_k=bptt_k)["loss_star"].iloc[0] - target
 
         a, b = math.log(budget_bounds[0]), math.log(budget_bounds[1])
         if gap(a) < 0 or gap(b) > 0:
             raise FitError(f"target loss {target:g} is not reached for r={rr} within budgets {budget_bounds}")
         logc = brentq(gap, a, b, xtol=1e-10)
-        out.append(compute_optimal_frontier(p, preset, rr, [math.exp(logc)], injection, bptt_k).assign(target=target))
+        out.append(compute_optimal_frontier(p, preset, rr, budgets=[math.exp(logc)], injection=injection, bptt_k=bptt_k).assign(target=target))
     return pd.concat(out, ignore_index=True)
 
 
@@ -291,6 +267,7 @@ def equal_loss_models(law, targets, preset: str = "paper", r_values=R_VALUES):
     keeps its own keys and values).  The columns ending in ``_ratio`` divide by the r = 1 model
     of the same target."""
     import pandas as pd
+
     from .config import get_preset
     p = get_preset(preset)
     vocab = model_config(preset, r=1, s=p.ref_s).padded_vocab

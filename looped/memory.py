@@ -28,14 +28,38 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 from . import accounting
 from .config import ModelConfig
 
 GB = 1e9
+
+# The one GPU table: vendor dense bf16 tensor-core peak (no sparsity) and memory per device.
+GPU_SPECS = {  # name -> (peak FLOP/s, memory bytes)
+    "H200": (989e12, 141e9),
+    "GH200": (989e12, 96e9),
+    "H100": (989e12, 80e9),
+    "H100-PCIe": (756e12, 80e9),
+    "A100": (312e12, 80e9),
+    "A100-40GB": (312e12, 40e9),
+    "L40S": (362e12, 48e9),
+}
+
+
+def gpu_spec(device_name: str, total_memory: float | None = None) -> tuple[str, float, float] | None:
+    """(table key, peak FLOP/s, memory) of the GPU whose CUDA name is `device_name`, or None.
+    The longest matching key wins (GH200 before H200); an A100 under 60 GB is the 40 GB one."""
+    for key in sorted(GPU_SPECS, key=len, reverse=True):
+        if key.split("-")[0] not in device_name:
+            continue
+        if key == "A100-40GB" and (total_memory is None or total_memory >= 60e9):
+            continue
+        if key == "H100-PCIe" and "PCIe" not in device_name:
+            continue
+        return (key, *GPU_SPECS[key])
+    return None
 
 
 @dataclass(frozen=True)

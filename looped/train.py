@@ -11,15 +11,15 @@ atomically, so a killed run loses at most one checkpoint interval and never a re
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
-import os
 import platform
 import random
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -28,8 +28,10 @@ import torch.distributed as dist
 
 from . import accounting, data, optim
 from .config import DEFAULT_SEED, REPO, ConfigError, get_preset, model_config, run_name
+from .dist import Dist, prepare_once
+from .io import atomic_open, atomic_write_json
+from .memory import gpu_spec
 from .model import LoopedGPT
-
 
 
 class TrainError(RuntimeError):
@@ -88,20 +90,6 @@ def step_blocks(steps: int, data_order: int | None) -> list[int]:
     return order
 
 
-def atomic_write_bytes(path: Path, payload: bytes):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(payload)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def atomic_write_json(path: Path, obj: dict):
-    atomic_write_bytes(Path(path), (json.dumps(obj, indent=1, sort_keys=False) + "\n").encode())
-
-
 def git_commit() -> str | None:
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
@@ -115,6 +103,7 @@ def git_commit() -> str | None:
 
 def versions() -> dict:
     import numpy
+
     from . import __version__
     return {"python": platform.python_version(), "torch": torch.__version__, "numpy": numpy.__version__,
             "looped": __version__}
@@ -144,9 +133,6 @@ def matmul_peak(device: torch.device, dtype=torch.float32, n: int = 1024, second
 
 # Dense bf16 tensor-core peaks (vendor spec sheets, SXM parts): a measured GEMM on these
 # parts lands at 65-80% of them, and MFU conventionally divides by the spec.
-KNOWN_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "GH200": 989e12, "A100": 312e12, "L40S": 362e12}
-
-
 def device_peak_flops(device: torch.device) -> float:
     """The MFU denominator: the spec bf16 peak of a known GPU, else a measured large matmul.
 
@@ -155,10 +141,9 @@ def device_peak_flops(device: torch.device) -> float:
     to fill the device.
     """
     if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        for key, peak in sorted(KNOWN_PEAK_FLOPS.items(), key=lambda kv: -len(kv[0])):
-            if key in name:
-                return peak
+        spec = gpu_spec(torch.cuda.get_device_name(device), torch.cuda.get_device_properties(device).total_memory)
+        if spec:
+            return spec[1]
         return matmul_peak(device, torch.bfloat16, n=8192)
     return matmul_peak(device, torch.float32)
 
@@ -169,37 +154,6 @@ def peak_memory_bytes(device: torch.device) -> int:
         return int(torch.cuda.max_memory_allocated(device))
     import resource
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
-
-
-class Dist:
-    """torchrun's environment, or a single process."""
-
-    def __init__(self):
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        if torch.cuda.is_available():
-            self.device = torch.device("cuda", self.local_rank)
-            torch.cuda.set_device(self.device)
-        else:
-            self.device = torch.device("cpu")
-        if self.world > 1 and not dist.is_initialized():
-            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-    def mean(self, x: float) -> float:
-        if self.world == 1:
-            return x
-        t = torch.tensor([x], dtype=torch.float64, device=self.device)
-        dist.all_reduce(t)
-        return t.item() / self.world
-
-    def barrier(self):
-        if self.world > 1:
-            dist.barrier()
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -223,14 +177,9 @@ def fast_model(model: torch.nn.Module) -> torch.nn.Module:
 
 def save_checkpoint(path: Path, model, optimizers, step: int, state: dict):
     """Written straight to a temporary file, then renamed: no second copy in host memory."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
+    with atomic_open(path) as f:
         torch.save({"model": model.state_dict(), "optimizers": [o.state_dict() for o in optimizers],
                     "step": step, "state": state}, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def load_checkpoint(path: Path, model, optimizers, expect: dict) -> tuple[int, dict]:
@@ -295,8 +244,8 @@ def train(tc: TrainConfig) -> dict:
     ckpt_path = Path(tc.checkpoint) if tc.checkpoint else (
         record_path.parent / "ckpt" / (record_path.stem + ".pt") if record_path else None)
 
-    dataset = data.Dataset(data.prepare(tc.preset, data_dir=tc.data_dir)) \
-        if dd.world == 1 else _prepare_once(tc, dd)
+    # under torchrun rank 0 builds the dataset while the others wait on a long-timeout group
+    dataset = data.Dataset(prepare_once(tc.preset, data_dir=tc.data_dir))
     if dataset.n_rows("train") < steps * rows_per_step:
         raise TrainError(f"run needs {steps * rows_per_step} training rows but the corpus has "
                          f"{dataset.n_rows('train')}: lower the budget (runs never repeat data)")
@@ -344,7 +293,7 @@ def train(tc: TrainConfig) -> dict:
         for a in range(accum):
             first = blocks[step] * rows_per_step + (a * dd.world + dd.rank) * micro
             batch = dataset.rows("train", first, micro).to(dd.device, non_blocking=True)
-            sync_ctx = model.no_sync() if dd.world > 1 and a < accum - 1 else _nullctx()
+            sync_ctx = model.no_sync() if dd.world > 1 and a < accum - 1 else contextlib.nullcontext()
             with sync_ctx, autocast:
                 loss = model(batch[:, :-1], batch[:, 1:]) / accum
             loss.backward()
@@ -443,24 +392,6 @@ def train(tc: TrainConfig) -> dict:
             ckpt_path.unlink()  # the record is the durable result; the checkpoint is scratch
     dd.barrier()
     return record
-
-
-class _nullctx:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-def _prepare_once(tc: TrainConfig, dd: Dist):
-    """Under DDP only rank 0 builds the dataset; the others wait, then open it."""
-    if dd.main:
-        path = data.prepare(tc.preset, data_dir=tc.data_dir)
-    dd.barrier()
-    if not dd.main:
-        path = data.prepare(tc.preset, data_dir=tc.data_dir)
-    return data.Dataset(path)
 
 
 # ----------------------------------------------------------------------------- CLI

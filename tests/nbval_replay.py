@@ -68,7 +68,8 @@ def install_jitter(seed: int) -> None:
     import numpy as np
     import pandas as pd
 
-    from looped import fit, law, paper, sweep
+    from looped import fit, records
+    from looped.studies import paper
     rng = np.random.default_rng(seed)
 
     def jitter_frame(df):
@@ -88,10 +89,10 @@ def install_jitter(seed: int) -> None:
             return jitter_frame(original(*args, **kwargs))
         setattr(module, name, jittered)
 
-    wrap(sweep, "read_records")          # run records: chapters 3-6 (study tables, fits)
+    wrap(records, "read_records")        # run records: chapters 3-6 (study tables, fits)
     wrap(paper, "runs_from_minima")      # the paper's 24 minima as runs (chapter 4)
     wrap(paper, "paper_table")           # the paper's tables: minima L*, ablation losses, residuals
-    wrap(law, "synthetic_runs")          # synthetic runs (chapter 4)
+    wrap(paper, "synthetic_runs")        # synthetic runs (chapter 4)
     original_records = fit._records_from_dir   # run records read by the case studies (load_runs)
 
     def records(path):

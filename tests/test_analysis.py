@@ -6,9 +6,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from looped import analysis
 from looped.fit import FitResult
+from looped.report import prose
 from looped.solver import HI, LO
+from looped.studies import analysis
 
 
 def _fit(phi, lo=None, hi=None, r2=0.99, theta=(), n_runs=40):
@@ -39,7 +40,7 @@ RESTRICTED = {0.0: _fit(0.0, r2=0.95), 1.0: _fit(1.0, r2=0.98)}
 
 
 def test_verdict_phi_inside_the_papers_interval():
-    text = analysis.joint_fit_verdict(_fit(0.47, 0.42, 0.50), RESTRICTED, _runs())
+    text = prose.joint_fit_verdict(_fit(0.47, 0.42, 0.50), RESTRICTED, _runs())
     assert "**φ = 0.470**" in text and "[0.420, 0.500]" in text
     assert "contains the paper's 0.459" in text and "overlaps the paper's [0.41, 0.53]" in text
     assert "excludes φ = 0 and excludes φ = 1" in text
@@ -53,12 +54,12 @@ def test_verdict_phi_inside_the_papers_interval():
 
 def test_verdict_phi_outside_and_restrictions_for_free():
     restricted = {0.0: _fit(0.0, r2=0.95), 1.0: _fit(1.0, r2=0.995)}
-    text = analysis.joint_fit_verdict(_fit(0.96, 0.76, 1.14), restricted, _runs())
+    text = prose.joint_fit_verdict(_fit(0.96, 0.76, 1.14), restricted, _runs())
     assert "lies entirely above the paper's 0.459" in text and "does not overlap" in text
     assert "does not exclude φ = 1" in text
     assert "fixing φ = 1 even raises R² by 0.0050" in text
     assert "Holding φ = 1 hardly changes how well the law fits" in text
-    below = analysis.joint_fit_verdict(_fit(0.1, -0.2, 0.3), RESTRICTED, _runs())
+    below = prose.joint_fit_verdict(_fit(0.1, -0.2, 0.3), RESTRICTED, _runs())
     assert "lies entirely below the paper's 0.459" in below and "does not exclude φ = 0" in below
 
 
@@ -70,7 +71,7 @@ def test_verdict_box_edge_per_r_gaps_and_halves():
     paper_gaps = pd.DataFrame({"mean_gap": [0.03, 0.05]}, index=[2, 4])
     halves = {"lower": ([1e17, 1e18], _fit(1.05, r2=0.90)), "upper": ([1e18, 1e19], _fit(0.92, r2=0.99))}
     per_r = {1: _fit(None, r2=0.97), 2: _fit(None, r2=0.99)}
-    text = analysis.joint_fit_verdict(joint, RESTRICTED, _runs(), per_r=per_r, gaps=gaps, paper_gaps=paper_gaps,
+    text = prose.joint_fit_verdict(joint, RESTRICTED, _runs(), per_r=per_r, gaps=gaps, paper_gaps=paper_gaps,
                                       halves=halves)
     assert "edge of the search box for E" in text
     assert "R² 0.970 to 0.990 (paper: 0.998)" in text
@@ -84,19 +85,19 @@ def test_verdict_sizes_the_residuals_and_reads_per_r_fits_by_their_quality():
     """The residuals are compared with the paper's ~0.01 nats in words that follow the numbers,
     and one Chinchilla law per r is called the weak point only when it fits poorly itself."""
     joint = _fit(0.6, 0.5, 0.7, r2=0.97)
-    exact = analysis.joint_fit_verdict(joint, RESTRICTED, _runs(), per_r={1: _fit(None, r2=0.996), 2: _fit(None, r2=0.995)})
+    exact = prose.joint_fit_verdict(joint, RESTRICTED, _runs(), per_r={1: _fit(None, r2=0.996), 2: _fit(None, r2=0.995)})
     assert "The residuals are smaller than the paper's" in exact
     assert "R² 0.995 to 0.996 (paper: 0.998): each r on its own follows the Chinchilla form" in exact
     assert "weak point" not in exact
-    noisy = analysis.joint_fit_verdict(joint, RESTRICTED, _runs(noise=0.05), per_r={1: _fit(None, r2=0.975)})
+    noisy = prose.joint_fit_verdict(joint, RESTRICTED, _runs(noise=0.05), per_r={1: _fit(None, r2=0.975)})
     assert "The residuals are much larger than the paper's" in noisy and "weak point" in noisy
-    close = analysis.joint_fit_verdict(_fit(0.6, 0.5, 0.7, r2=0.994), RESTRICTED, _runs(noise=0.01),
+    close = prose.joint_fit_verdict(_fit(0.6, 0.5, 0.7, r2=0.994), RESTRICTED, _runs(noise=0.01),
                                        per_r={1: _fit(None, r2=0.995)})
     assert "The residuals are about as large as the paper's" in close and "hardly better than the joint law" in close
 
 
 def test_verdict_without_a_fit():
-    assert analysis.joint_fit_verdict(None, {}, _runs()).startswith("No CPU fit is shown yet")
+    assert prose.joint_fit_verdict(None, {}, _runs()).startswith("No CPU fit is shown yet")
 
 
 def test_phi_estimates_pairs_the_papers_rows_with_ours():

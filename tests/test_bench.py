@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from looped import bench
+from looped.studies import bench
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

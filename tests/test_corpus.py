@@ -17,7 +17,6 @@ from looped import corpus as C
 from looped import data as D
 from looped.config import PRESETS
 
-
 # ------------------------------------------------------------------------------ fixture builders
 
 def sword_module(entries_by_block, width=10):

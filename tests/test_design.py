@@ -1,4 +1,4 @@
-"""looped.design: the pilot checks (iso-FLOP optima, tokens per parameter), the LR sweep and the
+"""looped.studies.design: the pilot checks (iso-FLOP optima, tokens per parameter), the LR sweep and the
 seed spread, on synthetic records written where the sweep would write them."""
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from looped import design, estimate, sweep, tables
-from looped.train import atomic_write_json
+from looped.io import atomic_write_json
+from looped.report import prose, tables
+from looped.studies import design, estimate, registry
 
 
 def write(folder, run, loss, **extra):
@@ -24,7 +25,7 @@ def write(folder, run, loss, **extra):
 
 
 def test_pilot_optima_bracket_and_tokens_per_param(tmp_path):
-    runs = sweep.load_study("prose-pilot")
+    runs = registry.load_study("prose-pilot")
     for run in runs:  # a parabola in log N with its vertex at the middle of each cell's widths
         cell = [x for x in runs if x.budget == run.budget and x.r == run.r]
         logs = [math.log(x.model_config().d_model) for x in cell]
@@ -46,7 +47,7 @@ def test_pilot_optima_bracket_and_tokens_per_param(tmp_path):
 
 
 def test_lr_sweep_finds_the_best_multiplier(tmp_path):
-    for run in sweep.load_study("prose-lr"):
+    for run in registry.load_study("prose-lr"):
         write(tmp_path, run, 4.0 + 0.1 * math.log2(run.lr_scale / (1.4 if run.r == 1 else 1.0)) ** 2)
     table = design.lr_sweep("prose-lr", tmp_path).set_index("r")
     assert table.loc[1, "best_multiplier"] == 1.4 and table.loc[4, "best_multiplier"] == 1.0
@@ -56,7 +57,7 @@ def test_lr_sweep_finds_the_best_multiplier(tmp_path):
 
 def test_seed_spread(tmp_path):
     losses = {42: 4.00, 43: 4.02, 44: 4.01}
-    for run in sweep.load_study("prose-seeds"):
+    for run in registry.load_study("prose-seeds"):
         write(tmp_path, run, losses[run.seed] + run.r)
     table = design.seed_spread("prose-seeds", tmp_path)
     assert list(table.r) == [1, 8] and (table.seeds == 3).all()
@@ -71,7 +72,7 @@ def test_empty_studies_give_empty_tables(tmp_path):
 
 
 def test_grid_batch_column_names_and_trains_the_run():
-    runs = [run for run in sweep.load_study("prose-batch") if run.batch_tokens]
+    runs = [run for run in registry.load_study("prose-batch") if run.batch_tokens]
     assert len(runs) == 8 and all(run.batch_tokens == 4096 and run.run_id.endswith("_b4096") for run in runs)
     tc = runs[0].train_config()
     assert tc.batch_tokens == 4096 and tc.lr_scale == 0.5 ** 0.558
@@ -82,7 +83,7 @@ def test_grid_batch_column_names_and_trains_the_run():
 
 
 def test_batch_comparison_pairs_the_two_batch_sizes(tmp_path):
-    runs = sweep.load_study("prose-batch")
+    runs = registry.load_study("prose-batch")
     for run in runs:
         write(tmp_path, run, 4.0 + run.s / 100 + (0.05 if run.tokens_per_step == 4096 else 0.0),
               batch_tokens=run.tokens_per_step)
@@ -117,23 +118,23 @@ def test_no_prose_run_reads_more_than_80_percent_of_the_training_split():
     train = json.loads((REPO / "runs" / "prose-corpus.json").read_text())["splits"]["train"]["tokens"]
     for study in ("cpu-main", "cpu-truncated", "cpu-hyper", "prose-pilot", "prose-lr", "prose-seeds",
                   "prose-batch"):
-        for run in sweep.load_study(study):
+        for run in registry.load_study(study):
             tokens = accounting.summary(run.model_config(), run.budget, run.tokens_per_step)["tokens"]
             assert tokens <= 0.8 * train, (study, run.run_id, tokens / train)
 
 
 def test_lr_verdict_says_what_the_preset_does(tmp_path, monkeypatch):
-    for run in sweep.load_study("prose-lr"):
+    for run in registry.load_study("prose-lr"):
         write(tmp_path, run, 4.0 + 0.1 * math.log2(run.lr_scale / 1.4) ** 2)
-    text = design.lr_verdict(design.lr_sweep("prose-lr", tmp_path))
+    text = prose.lr_verdict(design.lr_sweep("prose-lr", tmp_path))
     assert "for *r* = 1 the best of the 5 multipliers finished is 1.4 (inside them; multiplier 1 is 0.024 nats worse)" in text
     assert text.endswith("the preset has not been re-based yet.") or "re-bases it" in text
     from dataclasses import replace
 
     from looped.config import PRESETS
     monkeypatch.setitem(PRESETS, "prose", replace(PRESETS["prose"], lr_scale=1.4))
-    assert "its runs use 1.4 times HyperP's learning rates" in design.lr_verdict(design.lr_sweep("prose-lr", tmp_path))
-    assert design.lr_verdict(design.lr_sweep("prose-lr", tmp_path / "none")) == "No learning-rate run has finished yet."
+    assert "its runs use 1.4 times HyperP's learning rates" in prose.lr_verdict(design.lr_sweep("prose-lr", tmp_path))
+    assert prose.lr_verdict(design.lr_sweep("prose-lr", tmp_path / "none")) == "No learning-rate run has finished yet."
 
 
 def _law_loss(run, phi=0.5):
@@ -147,9 +148,9 @@ def _law_loss(run, phi=0.5):
 def test_rerun_targets_report_hits_and_misses(tmp_path):
     """On runs that follow the law exactly every target is met; a failed run, a cell whose loss
     falls monotonically with width and noisy losses are each reported as misses."""
-    from looped import analysis
     from looped.fit import fit
-    runs = sweep.load_study("cpu-main")
+    from looped.studies import analysis
+    runs = registry.load_study("cpu-main")
     for run in runs:
         write(tmp_path, run, _law_loss(run))
     table = analysis.study_table("cpu-main", tmp_path)
@@ -179,7 +180,7 @@ def test_rerun_targets_report_hits_and_misses(tmp_path):
 def test_scale_comparison_reads_both_grids_and_presets():
     """The scale table: ranges from the two studies' grids, single values from the presets, and
     the paper-over-ours factor of their geometric means."""
-    table = design.scale_comparison().set_index("quantity")
+    table = tables.scale_comparison().set_index("quantity")
     assert table.loc["context length T", "paper"] == "2,048" and table.loc["context length T", "ours"] == "128"
     assert table.loc["context length T", "paper / ours"] == 16.0
     assert table.loc["head dimension", "ours"] == "8" and table.loc["effective depth (layers)", "paper / ours"] == 2.0
@@ -194,9 +195,9 @@ def test_scale_comparison_reads_both_grids_and_presets():
 def test_targets_summary_names_every_miss_with_its_value():
     targets = pd.DataFrame([{"target": "joint fit R² (raw nats)", "aim": "≥ 0.99", "measured": "0.9715", "met": False},
                             {"target": "residual RMSE (nats)", "aim": "≤ 0.03", "measured": "0.0287", "met": True}])
-    assert design.targets_summary(targets) == ("The study meets 1 of the 2 targets; it misses joint fit R² (raw nats) "
+    assert prose.targets_summary(targets) == ("The study meets 1 of the 2 targets; it misses joint fit R² (raw nats) "
                                                "(0.9715, aim ≥ 0.99).")
-    assert design.targets_summary(targets.assign(met=True)) == "The study meets 2 of the 2 targets."
+    assert prose.targets_summary(targets.assign(met=True)) == "The study meets 2 of the 2 targets."
 
 
 def test_beside_the_paper_reads_overlap_and_the_box_edge():
@@ -205,29 +206,28 @@ def test_beside_the_paper_reads_overlap_and_the_box_edge():
     def joint(phi, lo, hi):
         return FitResult(A=1, alpha=0.3, B=1, beta=0.3, E=1, phi=phi, r2=0.99, huber=0, n_runs=10, restarts=1,
                          ci={"phi": (lo, hi)})
-    assert design.beside_the_paper(joint(0.66, 0.60, 0.75)).endswith("ours lies entirely above the paper's, by 0.070 at the closest ends.")
-    assert design.beside_the_paper(joint(0.30, 0.20, 0.35)).endswith("by 0.060 at the closest ends.")
-    assert "the two intervals overlap." in design.beside_the_paper(joint(0.5, 0.45, 0.6))
-    edge = design.beside_the_paper(joint(0.66, -3.0, 0.83))
+    assert prose.beside_the_paper(joint(0.66, 0.60, 0.75)).endswith("ours lies entirely above the paper's, by 0.070 at the closest ends.")
+    assert prose.beside_the_paper(joint(0.30, 0.20, 0.35)).endswith("by 0.060 at the closest ends.")
+    assert "the two intervals overlap." in prose.beside_the_paper(joint(0.5, 0.45, 0.6))
+    edge = prose.beside_the_paper(joint(0.66, -3.0, 0.83))
     assert "the two intervals overlap." in edge and "edge of the fit's search box (φ = -3):" in edge
     boot = joint(0.66, -3.0, 0.83)
     boot.boot_samples = np.array([[0, 0, 0, 0, 0, v] for v in (-3.0, -3.0, 0.5, 0.7)])
-    assert "(φ = -3) (2 of 4 resamples end there):" in design.beside_the_paper(boot)
-    assert design.beside_the_paper(None).startswith("There is no bootstrapped fit")
+    assert "(φ = -3) (2 of 4 resamples end there):" in prose.beside_the_paper(boot)
+    assert prose.beside_the_paper(None).startswith("There is no bootstrapped fit")
 
 
 def test_lr_explains_weighs_the_rate_gap_against_the_misfit():
     table = pd.DataFrame([{"r": 2, "best_multiplier": 2.0, "gap_at_preset": 0.004, "preset_multiplier": 1.4}])
-    text = design.lr_explains(table, 2, 0.03)
+    text = prose.lr_explains(table, 2, 0.03)
     assert "multiplier (1.4) 0.004 nats above the best of those tried (2)" in text and text.endswith("cannot account for it.")
-    assert design.lr_explains(table.assign(gap_at_preset=0.02), 2, 0.03).endswith("may account for part of it.")
-    assert "has no runs at r = 8" in design.lr_explains(table, 8, 0.03)
+    assert prose.lr_explains(table.assign(gap_at_preset=0.02), 2, 0.03).endswith("may account for part of it.")
+    assert "has no runs at r = 8" in prose.lr_explains(table, 8, 0.03)
 
 
 def test_leave_one_r_out_finds_the_architecture_that_misfits():
     """Runs from a law, with r = 2 made worse by 0.05 nats: only the fit without r = 2 is exact."""
-    from looped.law import synthetic_runs
-    from looped.paper import paper_grid
+    from looped.studies.paper import paper_grid, synthetic_runs
     runs = synthetic_runs(noise=0.0, grid=paper_grid())
     runs.loc[runs.r == 2, "loss"] += 0.05
     table = design.leave_one_r_out(runs, restarts=20).set_index("fit")

@@ -9,9 +9,9 @@ import pytest
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from looped import figures  # noqa: E402
 from looped.fit import FitResult  # noqa: E402
-from looped.paper import PAPER_PHI  # noqa: E402
+from looped.report import figures  # noqa: E402
+from looped.studies.paper import PAPER_PHI  # noqa: E402
 
 
 def _law(phi):

@@ -8,8 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from looped import analysis, law, paper, solver
 from looped import fit as F
+from looped import solver
+from looped.studies import analysis, paper
 
 PAPER = Path(__file__).resolve().parents[1] / "runs" / "paper"
 
@@ -26,7 +27,7 @@ def test_grid_is_the_papers_116_runs(grid):
 
 
 def test_gradient_and_hessian_match_finite_differences(grid):
-    df = law.synthetic_runs(seed=3, grid=grid)
+    df = paper.synthetic_runs(seed=3, grid=grid)
     data = solver.RunArrays.from_frame(df)
     rng = np.random.default_rng(0)
     th = np.array([[3.3, 0.2, 6.8, 0.37, 0.45, 0.46]]) + rng.normal(0, 0.05, (1, 6))
@@ -45,7 +46,7 @@ def test_gradient_and_hessian_match_finite_differences(grid):
 
 @pytest.mark.parametrize("phi", [0.2, 0.46, 0.8])
 def test_recovers_phi_with_bootstrap_coverage(grid, phi):
-    df = law.synthetic_runs({"phi": phi}, noise=0.01, seed=1, grid=grid)
+    df = paper.synthetic_runs({"phi": phi}, noise=0.01, seed=1, grid=grid)
     res = F.fit(df, restarts=100, seed=0, bootstrap=30)
     assert abs(res.phi - phi) < 0.05
     lo, hi = res.ci["phi"]
@@ -56,7 +57,7 @@ def test_recovers_phi_with_bootstrap_coverage(grid, phi):
 
 def test_bootstrap_does_not_depend_on_the_order_of_the_rows(grid):
     """The same runs in another order resample the same cells: same fit, same intervals."""
-    df = law.synthetic_runs({"phi": 0.46}, noise=0.01, seed=1, grid=grid)
+    df = paper.synthetic_runs({"phi": 0.46}, noise=0.01, seed=1, grid=grid)
     a = F.fit(df, restarts=20, seed=0, bootstrap=10, boot_restarts=2)
     b = F.fit(df.sample(frac=1.0, random_state=3).reset_index(drop=True), restarts=20, seed=0, bootstrap=10,
               boot_restarts=2)
@@ -66,7 +67,7 @@ def test_bootstrap_does_not_depend_on_the_order_of_the_rows(grid):
 
 
 def test_restricted_fits_explain_less(grid):
-    df = law.synthetic_runs(seed=2, grid=grid)
+    df = paper.synthetic_runs(seed=2, grid=grid)
     free = F.fit(df, restarts=100)
     for v in (0.0, 1.0):
         fixed = F.fit(df, restarts=100, fix={"phi": v})
@@ -88,7 +89,7 @@ def test_published_minima_give_phi_in_the_papers_interval():
 
 
 def test_same_seed_same_result(grid):
-    df = law.synthetic_runs(seed=4, grid=grid)
+    df = paper.synthetic_runs(seed=4, grid=grid)
     a = F.fit(df, restarts=60, seed=7, bootstrap=8)
     b = F.fit(df, restarts=60, seed=7, bootstrap=8)
     da, db = a.to_dict(), b.to_dict()
@@ -97,7 +98,7 @@ def test_same_seed_same_result(grid):
 
 
 def test_chinchilla_fallback_for_plain_runs_only(grid):
-    df = law.synthetic_runs(seed=5, grid=grid)
+    df = paper.synthetic_runs(seed=5, grid=grid)
     plain = df[df["r"] == 1].reset_index(drop=True)
     res = F.fit(plain, restarts=60)
     assert res.phi is None and res.law == "chinchilla"
@@ -108,7 +109,7 @@ def test_chinchilla_fallback_for_plain_runs_only(grid):
 
 def test_fast_path_matches_serial_scipy_reference(grid):
     """Best objective of the batched solver (+ polish) equals one-restart-at-a-time scipy L-BFGS-B."""
-    df = law.synthetic_runs(seed=6, grid=grid)
+    df = paper.synthetic_runs(seed=6, grid=grid)
     data = solver.RunArrays.from_frame(df)
     free = np.ones(6, bool)
     starts = solver.random_starts(np.random.default_rng(0), 12, {})
@@ -122,7 +123,7 @@ def test_bootstrap_is_the_full_protocol_and_pruning_is_exact(grid):
     """bootstrap > 0 runs the paper's protocol per resample (`restarts` fresh random starts,
     the best kept); the pruned batched solve reaches the same optimum as solving every restart
     to convergence (prune_gap=None)."""
-    df = law.synthetic_runs({"phi": 0.8, "alpha": 0.3}, seed=14, grid=grid)
+    df = paper.synthetic_runs({"phi": 0.8, "alpha": 0.3}, seed=14, grid=grid)
     R, B = 40, 3
     res = F.fit(df, restarts=R, seed=3, bootstrap=B)
     data = solver.RunArrays.from_frame(df)
@@ -140,7 +141,7 @@ def test_bootstrap_is_the_full_protocol_and_pruning_is_exact(grid):
 
 
 def test_iso_flop_minima(grid):
-    df = law.synthetic_runs(noise=0.0, grid=grid)
+    df = paper.synthetic_runs(noise=0.0, grid=grid)
     m = analysis.iso_flop_minima(df)
     assert len(m) == 24 and m["opens_up"].all()
     assert (m.loc[m["r"] == 1, "n_star"].to_numpy() > m.loc[m["r"] == 8, "n_star"].to_numpy()).all()
@@ -158,7 +159,7 @@ def run_cli(*args):
 @pytest.fixture()
 def runs_csv(tmp_path, grid):
     p = tmp_path / "runs.csv"
-    law.synthetic_runs(seed=8, grid=grid).to_csv(p, index=False)
+    paper.synthetic_runs(seed=8, grid=grid).to_csv(p, index=False)
     return p
 
 
@@ -174,7 +175,7 @@ def test_cli_fit_writes_json(runs_csv, tmp_path):
 
 
 def test_cli_reads_a_directory_of_records(tmp_path, grid):
-    df = law.synthetic_runs(seed=9, grid=grid).head(40)
+    df = paper.synthetic_runs(seed=9, grid=grid).head(40)
     for i, row in enumerate(df.to_dict("records")):
         rec = {"status": "ok", "loss": row["loss"], "tokens": row["tokens"],
                "config": {"r": row["r"], "n_once": row["n_once"], "n_rec": row["n_rec"],
@@ -201,7 +202,7 @@ def _one_line_error(p):
 
 
 def test_cli_bad_inputs_exit_2(tmp_path, grid):
-    df = law.synthetic_runs(seed=10, grid=grid)
+    df = paper.synthetic_runs(seed=10, grid=grid)
     assert "loss" in _one_line_error(run_cli(_bad(tmp_path, df.drop(columns="loss"))))
     neg = df.copy()
     neg.loc[3, "loss"] = -1.0
@@ -221,7 +222,7 @@ def test_cli_bad_inputs_exit_2(tmp_path, grid):
 
 
 def test_cli_skips_non_ok_rows_with_a_warning(tmp_path, grid):
-    df = law.synthetic_runs(seed=11, grid=grid)
+    df = paper.synthetic_runs(seed=11, grid=grid)
     df.loc[:9, "status"] = "failed"
     df.loc[:9, "loss"] = np.nan     # failed runs have no loss: must not trip the NaN check
     p = run_cli(_bad(tmp_path, df), "--restarts", 30)
@@ -235,7 +236,7 @@ def test_cli_skips_non_ok_rows_with_a_warning(tmp_path, grid):
 @pytest.mark.slow
 def test_paper_protocol_full_restarts():
     """The full protocol (500 restarts, 200 resamples) recovers the paper's phi."""
-    df = law.synthetic_runs(seed=0)
+    df = paper.synthetic_runs(seed=0)
     res = F.fit(df, restarts=500, bootstrap=200)
     assert abs(res.phi - 0.459) < 0.05 and res.ci["phi"][0] <= 0.459 <= res.ci["phi"][1]
 
@@ -254,7 +255,7 @@ def test_fit_cache_returns_the_same_fit_and_refits_what_changed(grid, tmp_path, 
     """With $LOOPED_FIT_CACHE set, a second fit of the same runs with the same arguments is read
     back instead of solved; other runs, other arguments or a torn cache file are fitted afresh;
     without the variable nothing is written."""
-    df = law.synthetic_runs(seed=7, grid=grid)
+    df = paper.synthetic_runs(seed=7, grid=grid)
     plain = F.fit(df, restarts=8, seed=0, bootstrap=4)
     assert not any(tmp_path.iterdir())
     monkeypatch.setenv(F.CACHE_ENV, str(tmp_path / "cache"))

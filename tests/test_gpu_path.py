@@ -201,7 +201,7 @@ WORKER = textwrap.dedent("""
     from datetime import timedelta
     import torch.distributed as dist
     sys.path.insert(0, {repo!r})
-    from looped import ddp
+    from looped import dist as looped_dist
     dist.init_process_group("gloo", timeout=timedelta(seconds=1))
     rank = dist.get_rank()
     def slow_prepare(preset, data_dir=None):
@@ -211,7 +211,7 @@ WORKER = textwrap.dedent("""
                 raise RuntimeError("no tokenizer here")
         return data_dir + "/" + preset
     try:
-        path = ddp.prepare_once("tiny", data_dir="/d", prepare=slow_prepare)
+        path = looped_dist.prepare_once("tiny", data_dir="/d", prepare=slow_prepare)
         print("RESULT", rank, path, flush=True)
     except Exception as e:
         print("ERROR", rank, type(e).__name__, e, flush=True)
@@ -248,3 +248,45 @@ def test_prepare_once_passes_rank0_failure_to_every_rank(tmp_path):
     outs = _run_two_ranks(tmp_path, {"FAIL": "1"})
     assert "ERROR 0 RuntimeError no tokenizer here" in outs[0], outs[0]
     assert "ERROR 1 DataError rank 0 could not prepare" in outs[1] and "no tokenizer here" in outs[1], outs[1]
+
+
+TRAIN_WORKER = textwrap.dedent("""
+    import sys, time
+    from datetime import timedelta
+    import torch.distributed as dist
+    sys.path.insert(0, {repo!r})
+    from looped import data
+    from looped.train import TrainConfig, train
+    dist.init_process_group("gloo", timeout=timedelta(seconds=2))
+    real_prepare = data.prepare
+    def slow_prepare(preset, data_dir=None, **kw):
+        if dist.get_rank() == 0:
+            time.sleep(5)          # longer than the default group's 2 s timeout
+        return real_prepare(preset, data_dir=data_dir, **kw)
+    data.prepare = slow_prepare
+    rec = train(TrainConfig(preset="tiny", r=2, s=1, steps=2, micro_batch=2, compile=False, quiet=True,
+                            data_dir={data_dir!r}))
+    print("RESULT", dist.get_rank(), rec["status"], flush=True)
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.timeout(300)
+def test_train_under_torchrun_outlasts_a_slow_rank0_prepare(tmp_path):
+    # the real trainer, two gloo ranks: rank 0's dataset build outlasts the group's timeout
+    from looped import data
+    data_dir = tmp_path / "data"
+    data.prepare("tiny", data_dir=data_dir)  # built once here; rank 0 still waits 5 s in prepare
+    script = tmp_path / "worker.py"
+    script.write_text(TRAIN_WORKER.format(repo=str(REPO), data_dir=str(data_dir)))
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env={**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                                   "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"})
+             for rank in (0, 1)]
+    outs = [p.communicate(timeout=280)[0] for p in procs]
+    for rank, out in enumerate(outs):
+        assert f"RESULT {rank} ok" in out, out

@@ -4,8 +4,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from looped import case_studies, law, paper
 from looped import fit as F
+from looped import law
+from looped.report import prose
+from looped.studies import case_studies, paper
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +23,7 @@ def test_paper_law_is_the_published_joint_fit():
 
 
 def test_predict_and_residuals(grid):
-    df = law.synthetic_runs(noise=0.0, grid=grid)
+    df = paper.synthetic_runs(noise=0.0, grid=grid)
     res = F.FitResult(**paper.PAPER_LAW, r2=1, huber=0, n_runs=len(df), restarts=0)
     np.testing.assert_allclose(law.residuals(res, df), 0, atol=1e-12)
 
@@ -29,17 +31,17 @@ def test_predict_and_residuals(grid):
 def test_residual_cells_locate_a_mispriced_r(grid):
     """Runs of one r made worse by 0.03 nats show up as that column of the budget x r table,
     and only there."""
-    df = law.synthetic_runs(noise=0.0, grid=grid)
+    df = paper.synthetic_runs(noise=0.0, grid=grid)
     df.loc[df.r == 2, "loss"] += 0.03
     res = F.FitResult(**paper.PAPER_LAW, r2=1, huber=0, n_runs=len(df), restarts=0)
     cells = law.residual_cells(res, df)
     assert list(cells.columns) == sorted(df.r.unique()) and list(cells.index) == sorted(df.budget.unique())
     np.testing.assert_allclose(cells[2], 0.03, atol=1e-12)
     np.testing.assert_allclose(cells.drop(columns=2).to_numpy(), 0, atol=1e-12)
-    assert law.residual_pattern(cells).startswith("The largest average misfit is at r = 2, +0.030 nats")
-    assert "the law overestimates how well r = 2 does" in law.residual_pattern(cells)
+    assert prose.residual_pattern(cells).startswith("The largest average misfit is at r = 2, +0.030 nats")
+    assert "the law overestimates how well r = 2 does" in prose.residual_pattern(cells)
     cells.loc[cells.index[0], 2] = -0.06
-    assert law.residual_pattern(cells).endswith("with a sign that changes between budgets.")
+    assert prose.residual_pattern(cells).endswith("with a sign that changes between budgets.")
 
 
 def test_worked_example_effective_sizes():
@@ -66,8 +68,8 @@ def test_case_study_refit_against_baseline(tmp_path):
     """Case-study protocol: baseline = main runs at the case study's budgets; the refit uses the
     main r = 1 runs plus the case study's r > 1 runs.  A lower phi in the case-study law is
     recovered, the two bootstraps are paired, and thin studies are skipped with a note."""
-    main = law.synthetic_runs(seed=12)
-    trunc = law.synthetic_runs({"phi": 0.30}, seed=13, grid=paper.paper_grid("truncated_bptt"))
+    main = paper.synthetic_runs(seed=12)
+    trunc = paper.synthetic_runs({"phi": 0.30}, seed=13, grid=paper.paper_grid("truncated_bptt"))
     cs = case_studies.case_study(main, trunc, name="truncated", restarts=80, seed=0, bootstrap=12)
     assert cs.budgets == sorted(trunc["budget"].unique()) and len(cs.budgets) == 4
     assert len(cs.baseline_runs) == (main["budget"] <= 4.64e18 * 1.0001).sum()

@@ -12,7 +12,7 @@ tested directly:
 * the chapters' torch-side checked cells are replayed once with ``ATEN_CPU_CAPABILITY=default``.
 
 Both are slow (whole chapters, fits with bootstrap): ``pytest -m slow tests/test_nbval_stability.py``.
-The fast tests below cover `looped.checks`.  tests/README.md lists which outputs are exact and
+The fast tests below cover `looped.report.checks`.  tests/README.md lists which outputs are exact and
 which are tolerance-checked.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from looped import checks
+from looped.report import checks
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -38,7 +38,7 @@ TORCH_CELLS = {"02_architecture": None,      # chapter 2: live models throughout
                "06_hyperconnections": 3}    # code cells 0-3: the hyperconnection init check
 
 
-# --- looped.checks ------------------------------------------------------------------------------
+# --- looped.report.checks ------------------------------------------------------------------------------
 
 def test_near_prints_the_reference_not_the_value():
     a = checks.near("phi", 0.4391, 0.439, 0.01)

@@ -7,8 +7,7 @@ import torch
 from looped import accounting
 from looped.config import model_config
 from looped.model import LoopedGPT
-from looped.optim import (MuonH, build_optimizers, learning_rates, lr_multiplier, param_groups,
-                          polar_express, set_lr)
+from looped.optim import MuonH, build_optimizers, learning_rates, lr_multiplier, param_groups, polar_express, set_lr
 
 
 @pytest.mark.parametrize("shape", [(64, 64), (32, 128), (128, 32)])

@@ -1,4 +1,4 @@
-"""The sweep runner (looped.sweep) on a tiny ad-hoc grid: every run once, skip/retry on rerun,
+"""The sweep runner (looped.studies.sweep) on a tiny ad-hoc grid: every run once, skip/retry on rerun,
 failures recorded, shards, dry run, a SIGKILLed `looped sweep` restarted to the same records,
 the runs table/CSV and the CLI's failure paths."""
 from __future__ import annotations
@@ -16,9 +16,11 @@ import pandas as pd
 import pytest
 import torch
 
-from looped import accounting, data, estimate, sweep
+from looped import accounting, data
 from looped.config import model_config
-from looped.train import atomic_write_json
+from looped.io import atomic_write_json
+from looped.records import run_state
+from looped.studies import estimate, registry, sweep
 
 REPO = Path(__file__).resolve().parents[1]
 STUDY = "t"
@@ -52,8 +54,8 @@ def grid_csv(tmp_path_factory):
 @pytest.fixture
 def study(grid_csv, monkeypatch):
     """Register the grid as a named study, as runs/paper/grids.csv is."""
-    monkeypatch.setitem(sweep.GRID_FILES, "tiny", grid_csv)
-    monkeypatch.setitem(sweep.STUDIES, NAME, ("tiny", STUDY, "tiny"))
+    monkeypatch.setitem(registry.GRID_FILES, "tiny", grid_csv)
+    monkeypatch.setitem(registry.STUDIES, NAME, ("tiny", STUDY, "tiny"))
     return NAME
 
 
@@ -103,17 +105,17 @@ def fake_train(calls):
 # ----------------------------------------------------------------------------- studies
 
 def test_load_study_named_and_adhoc(study, grid_csv):
-    runs = sweep.load_study(study)
-    adhoc = sweep.load_study(STUDY, grid_csv, "tiny")
+    runs = registry.load_study(study)
+    adhoc = registry.load_study(STUDY, grid_csv, "tiny")
     assert [r.run_id for r in runs] == [r.run_id for r in adhoc]
     assert {r.study for r in runs} == {study} and {r.study for r in adhoc} == {STUDY}
     assert [(r.r, r.injection, r.lanes, r.bptt_k) for r in runs] == [
         (1, "none", 2, None), (2, "linear", 2, None), (4, "linear", 2, 1), (2, "hyperconnect", 2, None)]
     assert len({r.run_id for r in runs}) == len(runs) and all(r.preset == "tiny" for r in runs)
-    with pytest.raises(sweep.SweepError, match="unknown study"):
-        sweep.load_study("nope")
-    with pytest.raises(sweep.SweepError, match="no rows"):
-        sweep.load_study("nope", grid_csv, "tiny")
+    with pytest.raises(registry.SweepError, match="unknown study"):
+        registry.load_study("nope")
+    with pytest.raises(registry.SweepError, match="no rows"):
+        registry.load_study("nope", grid_csv, "tiny")
 
 
 def test_grid_rows_sharing_a_run_id_are_refused(tmp_path):
@@ -121,8 +123,8 @@ def test_grid_rows_sharing_a_run_id_are_refused(tmp_path):
     path = tmp_path / "dup.csv"
     pd.DataFrame([(STUDY, b, 2, 1, "linear", 2), (STUDY, b * 1.0001, 2, 1, "linear", 2)],
                  columns=GRID_COLUMNS).to_csv(path, index=False)
-    with pytest.raises(sweep.SweepError, match="share the run id"):
-        sweep.load_study(STUDY, path, "tiny")
+    with pytest.raises(registry.SweepError, match="share the run id"):
+        registry.load_study(STUDY, path, "tiny")
     pd.DataFrame([(STUDY, b, 3, 1, "linear", 3)], columns=GRID_COLUMNS).to_csv(path, index=False)
     assert sweep.main([STUDY, "--grid", str(path), "--preset", "tiny", "--out", str(tmp_path / "o")]) == 2
     assert not (tmp_path / "o").exists()
@@ -130,7 +132,7 @@ def test_grid_rows_sharing_a_run_id_are_refused(tmp_path):
 
 def test_paper_grids_load():
     for name in ("paper-main", "paper-truncated", "paper-hyper"):
-        runs = sweep.load_study(name)
+        runs = registry.load_study(name)
         assert runs and len({r.run_id for r in runs}) == len(runs), name
 
 
@@ -138,7 +140,7 @@ def test_paper_grids_load():
 
 def test_sweep_runs_every_run_once(reference, grid_csv):
     out, table, log = reference
-    runs = sweep.load_study(STUDY, grid_csv, "tiny")
+    runs = registry.load_study(STUDY, grid_csv, "tiny")
     recs = records(out)
     assert sorted(recs) == sorted(r.run_id for r in runs)
     assert all(rec["status"] == "ok" and rec["study"] == STUDY for rec in recs.values())
@@ -180,7 +182,7 @@ def test_rerun_skips_finished_and_retries_failed(reference, grid_csv, tmp_path, 
 
 def test_a_failing_run_is_recorded_and_the_sweep_goes_on(grid_csv, tmp_path, monkeypatch):
     calls, ok = [], fake_train([])
-    runs = sweep.load_study(STUDY, grid_csv, "tiny")
+    runs = registry.load_study(STUDY, grid_csv, "tiny")
     bad = runs[1].run_id
 
     def train(tc):
@@ -202,7 +204,7 @@ def test_a_failing_run_is_recorded_and_the_sweep_goes_on(grid_csv, tmp_path, mon
 
 
 def test_shards_cover_the_grid_exactly_once(grid_csv, tmp_path, monkeypatch):
-    runs = sweep.load_study(STUDY, grid_csv, "tiny")
+    runs = registry.load_study(STUDY, grid_csv, "tiny")
     seen = {}
     for i in range(2):
         calls = []
@@ -223,12 +225,12 @@ def test_dry_run_lists_every_run_and_writes_nothing(study, tmp_path, capsys):
     out = tmp_path / "never"
     assert sweep.main([study, "--dry-run", "--out", str(out)]) == 0
     text = capsys.readouterr().out
-    runs = sweep.load_study(study)
+    runs = registry.load_study(study)
     header = text.splitlines()[0].split()
     for col in ("run_id", "n", "flops_per_token", "tokens", "steps", "est_seconds"):
         assert col in header, col
     for run in runs:
-        line = next(l for l in text.splitlines() if l.split()[:1] == [run.run_id])
+        line = next(ln for ln in text.splitlines() if ln.split()[:1] == [run.run_id])
         s = accounting.summary(run.model_config(), run.budget, 256)
         fields = dict(zip(header, line.split()))
         assert int(fields["steps"]) == s["steps"] and int(fields["tokens"]) == s["tokens"]
@@ -338,9 +340,9 @@ def test_gpu_dry_run_prints_micro_batch_memory_and_gpu_hours(capsys):
     header = text.splitlines()[0].split()
     for col in ("micro_batch", "mem_GB", "gpu_hours"):
         assert col in header
-    runs = sweep.load_study("gpu-main")
-    lines = {l.split()[0]: dict(zip(header, l.split())) for l in text.splitlines()[1:] if l.strip()
-             and l.split()[0] in {r.run_id for r in runs}}
+    runs = registry.load_study("gpu-main")
+    lines = {ln.split()[0]: dict(zip(header, ln.split())) for ln in text.splitlines()[1:] if ln.strip()
+             and ln.split()[0] in {r.run_id for r in runs}}
     assert len(lines) == len(runs)
     for run in runs:
         f = lines[run.run_id]
@@ -361,7 +363,7 @@ def test_gpu_dry_run_fixed_micro_batch_and_gpus(capsys):
                        "--mfu", "0.5"]) == 0
     text = capsys.readouterr().out
     header = text.splitlines()[0].split()
-    rows = [dict(zip(header, l.split())) for l in text.splitlines()[1:] if l.split()[:1] and l.split()[0].startswith("C")]
+    rows = [dict(zip(header, ln.split())) for ln in text.splitlines()[1:] if ln.split()[:1] and ln.split()[0].startswith("C")]
     assert len(rows) == 116 and {r["micro_batch"] for r in rows} == {"8"}
     assert "h wall on 8 GPU(s)" in text and "assumed 50% MFU" in text
 
@@ -418,7 +420,7 @@ def test_slurm_array_runs_locally_to_the_full_study(grid_csv, tmp_path):
         assert done.returncode == 0, done.stderr[-2000:]
         assert f"shard {task}/2" in done.stdout
     recs = records(out)
-    assert set(recs) == {r.run_id for r in sweep.load_study(STUDY, grid_csv, "tiny")}
+    assert set(recs) == {r.run_id for r in registry.load_study(STUDY, grid_csv, "tiny")}
     assert all(r["status"] == "ok" and r["train"]["compile"] is False for r in recs.values())
     missing = subprocess.run(["bash", str(script)], env=env1(), capture_output=True, text=True)
     assert missing.returncode != 0 and "SLURM_ARRAY_TASK_ID" in missing.stderr
@@ -428,10 +430,10 @@ def test_cpu_estimate_times_a_new_study_with_the_presets_fast_path_runs(tmp_path
     """A study with no finished runs is timed from every fast-path record of its preset under
     runs/ (copies and eager runs excluded); the wall time on P processes is the longest of the
     P round-robin shards, as `--shard i/P` splits it."""
-    from looped.train import atomic_write_json
-    runs = sweep.load_study("cpu-main")[:6]
+    from looped.io import atomic_write_json
+    runs = registry.load_study("cpu-main")[:6]
     root = tmp_path / "runs"
-    for k, run in enumerate(sweep.load_study("prose-pilot")):  # wall = 0.2 s/step + 1e-10 s/FLOP
+    for k, run in enumerate(registry.load_study("prose-pilot")):  # wall = 0.2 s/step + 1e-10 s/FLOP
         s = accounting.summary(run.model_config(), run.budget, run.tokens_per_step)
         rec = {"run_id": run.run_id, "status": "ok", "preset": "prose", "compile": True, "steps": s["steps"],
                "tokens": s["tokens"], "flops_per_token": s["flops_per_token"],
@@ -441,7 +443,7 @@ def test_cpu_estimate_times_a_new_study_with_the_presets_fast_path_runs(tmp_path
         atomic_write_json(root / "eager" / f"{run.run_id}.json", {**rec, "compile": False, "wall_seconds": 1.0})
         atomic_write_json(root / "copy" / f"{run.run_id}.json", {**rec, "copied_from": "x", "wall_seconds": 1.0})
     found = estimate.fast_path_records("prose", root)
-    assert len(found) == len(sweep.load_study("prose-pilot"))
+    assert len(found) == len(registry.load_study("prose-pilot"))
     monkeypatch.setattr(estimate, "fast_path_records", lambda preset, orig=estimate.fast_path_records: orig(preset, root))
     est = estimate.cpu_estimate(runs, tmp_path / "runs" / "new", peak_flops=1e9, processes=2)
     assert est["timing"] == pytest.approx((0.2, 1e-10), rel=1e-6)
@@ -489,7 +491,7 @@ def test_a_run_another_sweep_is_training_is_skipped(grid_csv, tmp_path, monkeypa
     process holds is skipped (here the lock is held from this process through its own file
     handle, which flock treats like another process), the rest run, and no lock files remain."""
     import fcntl
-    runs = sweep.load_study(STUDY, grid_csv, "tiny")
+    runs = registry.load_study(STUDY, grid_csv, "tiny")
     out = tmp_path / "out"
     (out / "ckpt").mkdir(parents=True)
     held = open(out / "ckpt" / f"{runs[0].run_id}.lock", "w")
@@ -499,10 +501,10 @@ def test_a_run_another_sweep_is_training_is_skipped(grid_csv, tmp_path, monkeypa
     sweep.sweep(STUDY, out, grid=grid_csv, preset="tiny", log=log.append)
     assert sorted(calls) == sorted(run.run_id for run in runs[1:])
     assert any(f"{runs[0].run_id}: skipped, another sweep is training it" in line for line in log)
-    assert sweep.run_state(out, runs[0].run_id) == "running"  # what a dry run shows meanwhile
-    assert sweep.run_state(out, runs[1].run_id) == "ok" and sweep.run_state(out, "nothing") == ""
+    assert run_state(out, runs[0].run_id) == "running"  # what a dry run shows meanwhile
+    assert run_state(out, runs[1].run_id) == "ok" and run_state(out, "nothing") == ""
     held.close()
-    assert sweep.run_state(out, runs[0].run_id) == ""  # a stale lock file of a dead process
+    assert run_state(out, runs[0].run_id) == ""  # a stale lock file of a dead process
     sweep.sweep(STUDY, out, grid=grid_csv, preset="tiny", log=log.append)
     assert calls[-1] == runs[0].run_id and len(calls) == len(runs)
     assert not (out / "ckpt").exists()
@@ -512,7 +514,7 @@ def test_a_run_whose_holder_dies_is_taken_up_at_the_end(grid_csv, tmp_path, monk
     """A run skipped because another process held it gets a second look once the rest are done:
     if that process has died (its lock released) in the meantime, this sweep trains the run."""
     import fcntl
-    runs = sweep.load_study(STUDY, grid_csv, "tiny")
+    runs = registry.load_study(STUDY, grid_csv, "tiny")
     out = tmp_path / "out"
     (out / "ckpt").mkdir(parents=True)
     held = open(out / "ckpt" / f"{runs[0].run_id}.lock", "w")
@@ -532,12 +534,12 @@ def test_a_run_whose_holder_dies_is_taken_up_at_the_end(grid_csv, tmp_path, monk
 
 def test_issue25_grid_columns_seed_the_data_order_and_match_tokens():
     """The replicate, matched-token and control rows load with their options and distinct ids."""
-    replicates = sweep.load_study("cpu-replicates")
+    replicates = registry.load_study("cpu-replicates")
     assert {run.seed for run in replicates} == {43, 44}
     assert all(run.data_order == run.seed for run in replicates)
     assert all(run.run_id.endswith(f"_seed{run.seed}_order{run.seed}") for run in replicates)
-    matched = sweep.load_study("cpu-matched")
-    truncated = {(run.budget, run.r, run.s): run for run in sweep.load_study("cpu-truncated")}
+    matched = registry.load_study("cpu-matched")
+    truncated = {(run.budget, run.r, run.s): run for run in registry.load_study("cpu-truncated")}
     for run in matched:
         pair = model_config("prose", r=run.r, s=run.s)  # the same model with full backprop
         assert run.steps == accounting.steps_for_budget(pair, run.budget, run.tokens_per_step)
@@ -545,7 +547,7 @@ def test_issue25_grid_columns_seed_the_data_order_and_match_tokens():
         alone = truncated[(run.budget, run.r, run.s)]
         assert accounting.steps_for_budget(alone.model_config(), run.budget, run.tokens_per_step) > run.steps
         assert run.train_config().steps == run.steps and run.train_config().budget == run.budget
-    controls = sweep.load_study("cpu-controls")
+    controls = registry.load_study("cpu-controls")
     assert {run.r for run in controls} == {1}
     assert {run.run_id.split("_")[-1] for run in controls} == {"linear", "hyperconnect2"}
 

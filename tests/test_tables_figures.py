@@ -4,8 +4,9 @@ import math
 
 import pandas as pd
 
-from looped import figures, tables
-from looped.paper import PAPER_BUDGETS, R_VALUES
+from looped.config import R_VALUES
+from looped.report import figures, prose, tables
+from looped.studies.paper import PAPER_BUDGETS
 
 
 def test_number_text_has_no_raw_floats():
@@ -44,7 +45,7 @@ def test_figures_draw(tmp_path):
     import matplotlib.pyplot as plt
 
     from looped.fit import FitResult
-    from looped.paper import PAPER_DIR, PAPER_LAW, runs_from_minima
+    from looped.studies.paper import PAPER_DIR, PAPER_LAW, runs_from_minima
     minima = runs_from_minima(PAPER_DIR / "compute_optimal_minima.csv")
     law = FitResult(**PAPER_LAW, r2=1.0, huber=0.0, n_runs=116, restarts=0)
     fig, axes = plt.subplots(2, 2)
@@ -67,8 +68,8 @@ def _case_study(delta_boot, base_E=math.exp(-3), lo_phi=0.5):
     """A CaseStudy with two fake fits whose paired bootstrap differences are `delta_boot`."""
     import numpy as np
 
-    from looped.case_studies import CaseStudy
     from looped.fit import LO, FitResult
+    from looped.studies.case_studies import CaseStudy
     cells = pd.DataFrame({"budget": [1e11, 1e11, 3e11], "r": [1, 2, 2]})
 
     def fake(phi, E, boot_phi):
@@ -88,36 +89,35 @@ def _case_study(delta_boot, base_E=math.exp(-3), lo_phi=0.5):
 
 
 def test_case_study_texts_follow_the_numbers():
-    from looped import case_studies
     cs = _case_study([-0.4, -0.2, -0.1, 0.3])                      # negative change, interval contains zero
-    assert case_studies.reproduced(cs, paper_delta=+0.19).startswith("no (opposite sign")
-    assert case_studies.reproduced(cs, paper_delta=-0.07) == "direction only (interval contains 0)"
+    assert prose.reproduced(cs, paper_delta=+0.19).startswith("no (opposite sign")
+    assert prose.reproduced(cs, paper_delta=-0.07) == "direction only (interval contains 0)"
     unpaired = dataclasses.replace(cs, variant_runs=cs.variant_runs.head(2))   # the tables hold other cells
     assert unpaired.delta_phi_ci is None
-    assert case_studies.reproduced(unpaired, paper_delta=-0.07) == "direction only (no paired interval)"
-    notes = " ".join(case_studies.edge_notes(cs))
+    assert prose.reproduced(unpaired, paper_delta=-0.07) == "direction only (no paired interval)"
+    notes = " ".join(prose.edge_notes(cs))
     assert "E at the lower edge" in notes and "lower end of the variant fit's φ interval" in notes
-    text = case_studies.verdict(cs, paper_delta=-0.07)
+    text = prose.verdict(cs, paper_delta=-0.07)
     assert "$" not in text and "contains zero" in text and "bound, not an estimate" in text
     assert "6 times as wide as the baseline's" in text             # (-3, 1.5) against (0.5, 1.2)
     cs.variant.ci = {"phi": (0.4, 1.3)}
-    assert "times as wide" not in case_studies.verdict(cs, paper_delta=-0.07)
+    assert "times as wide" not in prose.verdict(cs, paper_delta=-0.07)
     cells = pd.DataFrame({"r": [2, 2, 8, 8], "delta": [-0.02, -0.04, -0.10, -0.12]})
-    reading = case_studies.cells_vs_phi(cells, cs, "variant")
+    reading = prose.cells_vs_phi(cells, cs, "variant")
     assert "4 of 4 cells" in reading and "grows with r" in reading and "points the other way" in reading
-    assert case_studies.reproduced(_case_study([-0.3, -0.2, -0.1, -0.05]), paper_delta=-0.07) == "yes"
+    assert prose.reproduced(_case_study([-0.3, -0.2, -0.1, -0.05]), paper_delta=-0.07) == "yes"
     bumpy = pd.DataFrame({"r": [2, 4, 8], "delta": [-0.057, -0.141, -0.077]})
-    assert "does not change steadily with r (it is largest at r = 4)" in case_studies.cells_vs_phi(bumpy, cs, "variant")
+    assert "does not change steadily with r (it is largest at r = 4)" in prose.cells_vs_phi(bumpy, cs, "variant")
     flat = pd.DataFrame({"r": [2, 4, 8], "delta": [-0.056, -0.052, -0.064]})   # 0.008 nats apart: seed noise
-    assert "same at every r to within" in case_studies.cells_vs_phi(flat, cs, "variant")
+    assert "same at every r to within" in prose.cells_vs_phi(flat, cs, "variant")
 
 
 def test_phi_profile_has_its_minimum_near_the_fitted_phi(tmp_path):
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from looped import analysis
-    from looped.paper import PAPER_DIR, runs_from_minima
+    from looped.studies import analysis
+    from looped.studies.paper import PAPER_DIR, runs_from_minima
     minima = runs_from_minima(PAPER_DIR / "compute_optimal_minima.csv")
     prof = analysis.phi_profile(minima, phis=np.array([0.0, 0.45, 1.0]), restarts=20)
     assert list(prof.columns) == ["phi", "huber", "r2", "relative"]
@@ -129,7 +129,7 @@ def test_phi_profile_has_its_minimum_near_the_fitted_phi(tmp_path):
 
 
 def test_runtime_text():
-    from looped.tables import runtime_text
+    from looped.report.tables import runtime_text
     assert runtime_text(25) == "under a minute"
     assert runtime_text(60) == "about 1 minute"
     assert runtime_text(158) == "about 2.5 minutes" and runtime_text(322) == "about 5.5 minutes"

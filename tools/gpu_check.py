@@ -19,7 +19,6 @@ data (to write the dataset).  The same script runs on the CPU with a small prese
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 import math
@@ -41,8 +40,6 @@ from looped import train as trainer  # noqa: E402
 from looped.config import get_preset, model_config  # noqa: E402
 from looped.model import LoopedGPT  # noqa: E402
 
-SPEC_PEAKS = {"H200": 989e12, "H100": 989e12, "GH200": 989e12, "A100": 312e12, "L40S": 362e12}
-
 
 class Check:
     def __init__(self, args):
@@ -63,8 +60,8 @@ class Check:
     def _spec(self):
         if not self.cuda:
             return None
-        name = torch.cuda.get_device_name(self.dev)
-        return next((v for k, v in sorted(SPEC_PEAKS.items(), key=lambda kv: -len(kv[0])) if k in name), None)
+        spec = memory.gpu_spec(torch.cuda.get_device_name(self.dev), torch.cuda.get_device_properties(self.dev).total_memory)
+        return spec[1] if spec else None
 
     def left(self):
         return self.a.budget_s - (time.time() - self.t0)

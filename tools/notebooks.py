@@ -61,7 +61,7 @@ def build(md: Path) -> Path:
     nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
     nbformat.write(nb, ipynb)
     print(f"[notebooks] executing {ipynb.relative_to(ROOT)}", flush=True)
-    # the chapter's tolerance-checked numbers become its new references (looped.checks.checked)
+    # the chapter's tolerance-checked numbers become its new references (looped.report.checks.checked)
     os.environ["LOOPED_RECORD_CHECKS"] = "1"
     t0 = time.monotonic()
     pm.execute_notebook(str(ipynb), str(ipynb), cwd=str(BOOK), kernel_name="python3",

@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import math
 
-from .solver import LAW_PARAMS
+import numpy as np
+import pandas as pd
+
+from ..solver import LAW_PARAMS
+from ..studies.analysis import study_learning_rates
 
 
 def eng(x: float, digits: int = 3) -> str:
@@ -279,3 +283,71 @@ def html_table(df, headers: dict | None = None, caption: str | None = None, inde
         {"selector": "td", "props": "text-align: right; padding: 0.2em 0.6em; font-variant-numeric: tabular-nums;"},
         {"selector": "caption", "props": "caption-side: top; text-align: left; font-weight: bold;"},
     ])
+
+
+def plan_summary(table):
+    """One row per budget of a study plan: widths, model sizes, tokens, steps, tokens/param.
+
+    Ranges run over the widths of the budget (and over r where marked); N is unique
+    non-embedding parameters, D training tokens per run.
+    """
+    import pandas as pd
+    rows = []
+    for budget, g in table.groupby("budget", sort=True):
+        plain = g[g.r == g.r.min()]
+        deepest = g[g.r == g.r.max()]
+        rows.append({
+            "budget C": f"{budget:.3g}",
+            "runs": len(g),
+            "widths s": ", ".join(f"{s:g}" for s in sorted(g.s.unique())),
+            "d_model": span(g.d_model, lambda v: f"{int(v)}"),
+            f"N (r={int(plain.r.iloc[0])})": span(plain.n),
+            f"N (r={int(deepest.r.iloc[0])})": span(deepest.n),
+            "D per run": span(g.tokens),
+            "steps": span(g.steps, lambda v: f"{int(v)}"),
+            f"D/N (r={int(plain.r.iloc[0])})": span(plain.tokens_per_param, short_number),
+        })
+    return pd.DataFrame(rows)
+
+
+def learning_rate_summary(studies=("paper-main", "cpu-main")):
+    """Range of each peak learning rate over the runs of each budget of the given studies."""
+    import pandas as pd
+    rows = []
+    for study in studies:
+        lr = study_learning_rates(study)
+        for budget, g in lr.groupby("budget", sort=True):
+            rows.append({"study": study, "budget": f"{budget:.3g}",
+                         **{k: span(g[k], lambda v: f"{v:.4f}") for k in ("matrix", "embedding", "head", "norm")}})
+    return pd.DataFrame(rows)
+
+
+def scale_comparison(ours: str = "cpu-main", paper: str = "paper-main") -> pd.DataFrame:
+    """The two main studies' scale side by side, from their grids and presets: what separates a
+    small-scale phi from the paper's (unique non-embedding parameters, training tokens, steps,
+    budgets, context, vocabulary, head dimension), with the factor paper / ours (for a range,
+    the ratio of the geometric means of its ends)."""
+    from ..config import get_preset
+    from ..studies.analysis import study_plan
+    from ..studies.registry import STUDIES
+    plans = {name: study_plan(name) for name in (paper, ours)}
+    presets = {name: get_preset(STUDIES[name][2]) for name in (paper, ours)}
+    from .tables import eng, power_of_ten
+    whole = lambda x: f"{int(x):,}"
+    rows = []
+    for quantity, values, fmt in (
+            ("training budget (FLOPs)", lambda s: plans[s].budget, power_of_ten),
+            ("unique non-embedding parameters", lambda s: plans[s].n, eng),
+            ("training tokens per run", lambda s: plans[s].tokens, eng),
+            ("optimizer steps per run", lambda s: plans[s].steps, whole),
+            ("width d_model", lambda s: plans[s].d_model, whole),
+            ("context length T", lambda s: [presets[s].seq_len], whole),
+            ("vocabulary", lambda s: [presets[s].vocab_size], whole),
+            ("head dimension", lambda s: [presets[s].head_dim], whole),
+            ("effective depth (layers)", lambda s: [presets[s].effective_depth], whole)):
+        ends = {s: (float(min(values(s))), float(max(values(s)))) for s in (paper, ours)}
+        text = {s: fmt(lo) if lo == hi else f"{fmt(lo)} to {fmt(hi)}" for s, (lo, hi) in ends.items()}
+        mid = {s: np.sqrt(lo * hi) for s, (lo, hi) in ends.items()}
+        rows.append({"quantity": quantity, "paper": text[paper], "ours": text[ours],
+                     "paper / ours": float(mid[paper] / mid[ours])})
+    return pd.DataFrame(rows)

@@ -25,7 +25,8 @@ import math
 import os
 from pathlib import Path
 
-from .config import REPO
+from ..config import REPO
+from ..io import atomic_write_json
 
 __all__ = ["ReferenceMismatch", "compare", "checked", "near", "tolerance_text"]
 
@@ -135,10 +136,7 @@ def checked(key: str, measured: dict, tolerances: dict, active: bool = True) -> 
     store = json.loads(path.read_text()) if path.exists() else {}
     if active and os.environ.get(RECORD_ENV) == "1":
         store[cell] = {k: _rounded(measured[k]) for k in tolerances}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(store, indent=1, sort_keys=True) + "\n")
-        os.replace(tmp, path)
+        atomic_write_json(path, store, sort_keys=True)
     if not active:
         return compare(measured, {k: (math.nan, tol) for k, tol in tolerances.items()}, active=False)
     if cell not in store or set(tolerances) - set(store[cell]):
@@ -150,3 +148,21 @@ def checked(key: str, measured: dict, tolerances: dict, active: bool = True) -> 
 def _rounded(value) -> float:
     v = float(value)
     return v if not math.isfinite(v) else float(f"{v:.6g}")
+
+
+def checked_fits(key: str, fits, cs, active: bool = True) -> str:
+    """The nbval check of a case study's fit table (`fits`: one row per fit with runs, phi,
+    phi_lo, phi_hi, alpha, beta, E, r2) and of its change in phi: run counts exactly, fitted
+    numbers within tolerances of the recorded references (`looped.report.checks.checked`)."""
+    from ..report import checks
+    lines = ["fits: " + ", ".join(f"{row.fit}: {int(row.runs)} runs" for row in fits.itertuples())]
+    tol = {"phi": 0.02, "phi_lo": 0.05, "phi_hi": 0.05, "alpha": 0.02, "beta": 0.02, "E": 0.05, "r2": 1e-3}
+    measured = {f"{row.fit} {k}": getattr(row, k) for row in fits.itertuples() for k in tol}
+    tolerances = {f"{row.fit} {k}": t for row in fits.itertuples() for k, t in tol.items()}
+    if cs.ok:
+        measured["change in phi"], tolerances["change in phi"] = cs.delta_phi, 0.02
+        if cs.delta_phi_ci:
+            measured["change lo"], measured["change hi"] = cs.delta_phi_ci
+            tolerances["change lo"] = tolerances["change hi"] = 0.05
+    lines.append(checks.checked(key, measured, tolerances, active=active))
+    return "\n".join(lines)

@@ -20,14 +20,15 @@ from __future__ import annotations
 import csv
 from typing import TYPE_CHECKING
 
-from .config import REPO
-from .solver import LAW_PARAMS
+import numpy as np
+
+from ..config import REPO
+from ..solver import LAW_PARAMS
 
 if TYPE_CHECKING:
     import pandas as pd
 
 PAPER_DIR = REPO / "runs" / "paper"
-R_VALUES = (1, 2, 4, 8)                      # recurrences of the paper's iso-depth grid
 PAPER_BUDGETS = (4.64e17, 1e18, 2.15e18, 4.64e18, 1e19, 2.15e19)   # training budgets (FLOPs) of its main grid
 
 
@@ -56,12 +57,12 @@ def paper_fits() -> "pd.DataFrame":
 
 
 def paper_grid(study: str = "main", grids=None, batch_tokens: int = 262_144) -> "pd.DataFrame":
-    """The paper's run grid (``grids.csv``, via `looped.sweep.load_study`) with the
+    """The paper's run grid (``grids.csv``, via `looped.studies.registry.load_study`) with the
     accounting's n_once, n_rec and tokens."""
     import pandas as pd
 
-    from . import accounting as acc
-    from .sweep import GRID_FILES, load_study
+    from .. import accounting as acc
+    from .registry import GRID_FILES, load_study
     rows = []
     for run in load_study(study, GRID_FILES["paper"] if grids is None else grids, preset="paper"):
         cfg = run.model_config()
@@ -79,8 +80,8 @@ def runs_from_minima(path_or_df, preset="paper") -> "pd.DataFrame":
     import pandas as pd
     from scipy.optimize import brentq
 
-    from . import accounting as acc
-    from .law import config_at_width
+    from .. import accounting as acc
+    from ..law import config_at_width
     t = pd.read_csv(path_or_df) if not isinstance(path_or_df, pd.DataFrame) else path_or_df
     rows = []
     for row in t.itertuples():
@@ -113,11 +114,11 @@ def paper_minima() -> "pd.DataFrame":
     iso-depth model whose unique N equals N* (`runs_from_minima`), and ``inside`` says
     whether N* lies within the range of N that the paper's main grid trained in that cell.
     """
-    from .analysis import study_plan
     out, _ = _minima_with_tokens()
     out = out.rename(columns={"n_star_unique_millions": "n_star_M", "loss_star_nats": "loss_star"})
     out["tokens_per_param"] = out["tokens_star"] / out["n_star"]
-    grid = study_plan("paper-main").groupby(["budget", "r"]).n.agg(["min", "max"]).reset_index()
+    grid = paper_grid("main").assign(n=lambda g: g.n_once + g.n_rec)
+    grid = grid.groupby(["budget", "r"]).n.agg(["min", "max"]).reset_index()
     out = out.merge(grid, on=["budget", "r"], how="left")
     out["inside"] = (out["n_star"] >= out["min"]) & (out["n_star"] <= out["max"])
     return out.drop(columns=["min", "max"])
@@ -130,8 +131,8 @@ def published_minima(preset: str = "paper", law=None) -> "pd.DataFrame":
     published names (``n_star_unique_millions``, ``loss_star_nats``)."""
     import numpy as np
 
-    from .fit import FitResult
-    from .law import law_params, predict
+    from ..fit import FitResult
+    from ..law import law_params, predict
     out, runs = _minima_with_tokens(preset)
     out["d_model"] = runs["d_model"].to_numpy()
     out["tokens_per_param"] = out["tokens_star"] / out["n_star"]
@@ -141,3 +142,14 @@ def published_minima(preset: str = "paper", law=None) -> "pd.DataFrame":
         res = FitResult(**law_params(law), r2=np.nan, huber=np.nan, n_runs=0, restarts=0)
         out["law_loss_at_n_star"] = predict(res, runs["n_once"], runs["n_rec"], runs["r"], runs["tokens"])
     return out
+
+def synthetic_runs(law: dict | None = None, noise: float = 0.01, seed: int = 0, grid=None) -> "pd.DataFrame":
+    """Runs of the grid (default: the paper's 116-run main grid) with losses from `law`
+    (default: the paper's joint fit) plus Gaussian noise of `noise` nats."""
+    law = dict(PAPER_LAW, **(law or {}))
+    df = (paper_grid() if grid is None else grid).copy()
+    neff = df["n_once"] + df["r"] ** law["phi"] * df["n_rec"]
+    clean = law["E"] + law["A"] * neff ** (-law["alpha"]) + law["B"] * df["tokens"] ** (-law["beta"])
+    df["loss"] = clean + np.random.default_rng(seed).normal(0.0, noise, len(df))
+    df["status"] = "ok"
+    return df

@@ -14,18 +14,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import accounting as acc
-from .config import REPO
-from .fit import FitError, validate_runs
-from .paper import R_VALUES
-from .tables import short_number, span
+from .. import accounting as acc
+from ..config import R_VALUES, REPO
+from ..fit import FitError, validate_runs
+from ..memory import GPU_SPECS
+from .estimate import DEFAULT_GPU_MFU
 
 if TYPE_CHECKING:
     import pandas as pd
 
 
 def study_runs(runs_dirs):
-    """Run records of one or more sweep folders as one table (`looped.sweep.read_records`).
+    """Run records of one or more sweep folders as one table (`looped.records.read_records`).
 
     Relative folders are taken from the repository root.  A folder that does not exist yet (a
     sweep that has not started) contributes nothing.  Every status is kept; the column
@@ -33,7 +33,7 @@ def study_runs(runs_dirs):
     """
     import pandas as pd
 
-    from .sweep import COLUMNS, read_records
+    from ..records import COLUMNS, read_records
     frames = []
     for folder in ([runs_dirs] if isinstance(runs_dirs, (str, Path)) else list(runs_dirs)):
         path = Path(folder)
@@ -110,42 +110,17 @@ def iso_flop_minima(df) -> "pd.DataFrame":
 def study_plan(study: str = "cpu-main", peak_flops: float = 1.0, mfu: float = 1.0):
     """Every run of a named study with its size, tokens, steps and compute.
 
-    This is ``looped.estimate.plan`` (what ``looped sweep STUDY --dry-run`` prints) plus the
+    This is ``looped.studies.estimate.plan`` (what ``looped sweep STUDY --dry-run`` prints) plus the
     columns ``run_flops`` (training FLOPs per token times tokens: the budget up to whole steps)
     and ``tokens_per_param`` (tokens per unique non-embedding parameter).  ``est_seconds`` is
     the run's wall time at ``mfu`` of ``peak_flops``.
     """
     from .estimate import plan
-    from .sweep import load_study
+    from .registry import load_study
     table = plan(load_study(study), peak_flops, mfu)
     table["run_flops"] = table["flops_per_token"].astype(float) * table["tokens"]
     table["tokens_per_param"] = table["tokens"] / table["n"]
     return table
-
-
-def plan_summary(table):
-    """One row per budget of a study plan: widths, model sizes, tokens, steps, tokens/param.
-
-    Ranges run over the widths of the budget (and over r where marked); N is unique
-    non-embedding parameters, D training tokens per run.
-    """
-    import pandas as pd
-    rows = []
-    for budget, g in table.groupby("budget", sort=True):
-        plain = g[g.r == g.r.min()]
-        deepest = g[g.r == g.r.max()]
-        rows.append({
-            "budget C": f"{budget:.3g}",
-            "runs": len(g),
-            "widths s": ", ".join(f"{s:g}" for s in sorted(g.s.unique())),
-            "d_model": span(g.d_model, lambda v: f"{int(v)}"),
-            f"N (r={int(plain.r.iloc[0])})": span(plain.n),
-            f"N (r={int(deepest.r.iloc[0])})": span(deepest.n),
-            "D per run": span(g.tokens),
-            "steps": span(g.steps, lambda v: f"{int(v)}"),
-            f"D/N (r={int(plain.r.iloc[0])})": span(plain.tokens_per_param, short_number),
-        })
-    return pd.DataFrame(rows)
 
 
 def study_table(study: str = "cpu-main", runs_dir=None):
@@ -158,7 +133,8 @@ def study_table(study: str = "cpu-main", runs_dir=None):
     from their own fields, with ``planned`` False.  A missing folder means no records.
     """
     import pandas as pd
-    from .sweep import COLUMNS, read_records
+
+    from ..records import COLUMNS, read_records
     table = study_plan(study).drop(columns=["est_seconds"])
     table["planned"] = True
     runs_dir = REPO / "runs" / study if runs_dir is None else Path(runs_dir)
@@ -279,7 +255,8 @@ def residuals_by_r(res, runs):
     of runs, mean residual, largest absolute residual and RMSE (the paper's per-r table)."""
     import numpy as np
     import pandas as pd
-    from .law import residuals
+
+    from ..law import residuals
     df = pd.DataFrame({"r": runs["r"].astype(int).to_numpy(), "res": residuals(res, runs)})
     g = df.groupby("r")["res"]
     out = pd.DataFrame({"n_runs": g.size(), "mean_residual": g.mean(),
@@ -305,10 +282,9 @@ def run_costs(table):
     return pd.DataFrame(rows)
 
 
-H200_BF16_DENSE_PEAK = 989e12  # FLOP/s: the vendor's dense bf16 tensor-core figure (no sparsity)
 
 
-def study_compute(study: str = "paper-main", peak_flops: float = H200_BF16_DENSE_PEAK, mfu: float = 0.3):
+def study_compute(study: str = "paper-main", peak_flops: float = GPU_SPECS["H200"][0], mfu: float = DEFAULT_GPU_MFU):
     """Training compute of a study per budget: runs, total FLOPs, and accelerator-hours at an
     ASSUMED ``mfu`` of ``peak_flops`` (default: the H200's dense bf16 peak at 30% MFU, the
     default of ``looped sweep --dry-run``; the validation passes and restarts are not included)."""
@@ -349,27 +325,16 @@ def study_learning_rates(study: str = "cpu-main"):
     """Peak learning rates (``looped.optim.learning_rates``, HyperP transfer) of every run of a
     study: one row per run with the matrix (MuonH), embedding, head and norm rates."""
     import pandas as pd
-    from .optim import learning_rates
-    from .sweep import load_study
-    from .config import get_preset
+
+    from ..config import get_preset
+    from ..optim import learning_rates
+    from .registry import load_study
     rows = []
     for run in load_study(study):
         cfg = run.model_config()
         bt = get_preset(run.preset).batch_tokens
         lrs = learning_rates(cfg, bt, acc.tokens_for_budget(cfg, run.budget, bt))
         rows.append(dict(budget=run.budget, r=run.r, s=run.s, d_model=cfg.d_model, **lrs))
-    return pd.DataFrame(rows)
-
-
-def learning_rate_summary(studies=("paper-main", "cpu-main")):
-    """Range of each peak learning rate over the runs of each budget of the given studies."""
-    import pandas as pd
-    rows = []
-    for study in studies:
-        lr = study_learning_rates(study)
-        for budget, g in lr.groupby("budget", sort=True):
-            rows.append({"study": study, "budget": f"{budget:.3g}",
-                         **{k: span(g[k], lambda v: f"{v:.4f}") for k in ("matrix", "embedding", "head", "norm")}})
     return pd.DataFrame(rows)
 
 
@@ -380,7 +345,7 @@ def phi_profile(runs, phis=None, restarts: int = 100, seed: int = 0):
     prefer one phi over another; a narrow valley means phi is well identified."""
     import pandas as pd
 
-    from .fit import fit
+    from ..fit import fit
     phis = np.linspace(-0.5, 1.5, 21) if phis is None else np.asarray(phis, float)
     rows = []
     for v in phis:
@@ -393,7 +358,7 @@ def phi_profile(runs, phis=None, restarts: int = 100, seed: int = 0):
 
 # ------------------------------------------------------------ the main fits, every phi, the verdict
 
-PHI_FITS = {   # label of an estimate of phi -> its row in the paper's fits.csv (`looped.paper.paper_fits`)
+PHI_FITS = {   # label of an estimate of phi -> its row in the paper's fits.csv (`looped.studies.paper.paper_fits`)
     "joint fit": "phi_free",
     "lower budgets": "phi_free_low_half_budgets",
     "upper budgets": "phi_free_high_half_budgets",
@@ -419,7 +384,7 @@ def half_fits(runs, restarts: int = 500, seed: int = 0, bootstrap: int = 0) -> d
     out when it would hold every budget (a single budget), fewer than 7 runs (six free
     parameters) or no looped run.
     """
-    from .fit import fit
+    from ..fit import fit
     budgets = sorted(runs["budget"].unique())
     out = {}
     for name, part in zip(("lower", "upper"), budget_halves(budgets)):
@@ -436,14 +401,14 @@ def our_phi_fits(main_runs, truncated_runs=None, hyper=None, restarts: int = 500
     The joint fit and the budget halves (each with ``bootstrap`` block-bootstrap resamples) on
     the main design of the records in the folder ``main_runs`` (`study_runs`), the
     same calls as the fitting chapter; the case-study baseline and the hyperconnection refit
-    from ``hyper`` (a `looped.case_studies.CaseStudy` already fitted); the truncated-BPTT refit
-    on the records in ``truncated_runs`` beside the main study (`looped.case_studies.case_study`,
+    from ``hyper`` (a `looped.studies.case_studies.CaseStudy` already fitted); the truncated-BPTT refit
+    on the records in ``truncated_runs`` beside the main study (`looped.studies.case_studies.case_study`,
     reusing the baseline of ``hyper`` when both studies cover the same budgets).  A fit that
     could not be done (too few runs, a study not given) is None.  Relative folders are taken
     from the repository root.
     """
+    from ..fit import fit
     from .case_studies import case_study
-    from .fit import fit
     main_runs = Path(main_runs) if Path(main_runs).is_absolute() else REPO / main_runs
     runs, _ = main_design(study_runs(main_runs))
     out = dict.fromkeys(PHI_FITS)
@@ -464,7 +429,7 @@ def our_phi_fits(main_runs, truncated_runs=None, hyper=None, restarts: int = 500
 
 
 def phi_estimates(ours: dict | None = None) -> "pd.DataFrame":
-    """Every estimate of phi, the paper's and ours, one row each (for `looped.figures.plot_phi_forest`).
+    """Every estimate of phi, the paper's and ours, one row each (for `looped.report.figures.plot_phi_forest`).
 
     Columns label, source ('paper' or 'ours'), phi, lo, hi (the 95% bootstrap interval; NaN
     where there is none: the paper gives one for its joint fit only).  The paper's rows come from
@@ -495,10 +460,10 @@ def phi_estimates(ours: dict | None = None) -> "pd.DataFrame":
 def rmse_at_phi(law, runs, phis) -> dict:
     """RMSE (nats) of the runs around a law with its phi replaced by each value of ``phis``, the
     other five parameters kept: how well the effective size N_once + r^phi N_rec lines the runs
-    of every r up on the law's curve (the measure of `looped.figures.plot_neff_collapse`).
+    of every r up on the law's curve (the measure of `looped.report.figures.plot_neff_collapse`).
     ``law``: a FitResult or dict; returns {phi: RMSE}."""
-    from .fit import FitResult
-    from .law import law_params, residuals
+    from ..fit import FitResult
+    from ..law import law_params, residuals
     p = law_params(law)
     return {float(v): float(np.sqrt(np.mean(residuals(FitResult(**{**p, "phi": float(v)}, r2=np.nan, huber=np.nan,
                                                                   n_runs=0, restarts=0), runs) ** 2)))
@@ -510,96 +475,3 @@ def gap_side(gaps, paper_gaps) -> "str | None":
     same-width gaps of `same_width_gaps`), 'less' when less at every r, None when it varies."""
     ref = paper_gaps["mean_gap"].reindex(gaps.index)
     return "less" if (gaps["mean_gap"] < ref).all() else "more" if (gaps["mean_gap"] > ref).all() else None
-
-
-def joint_fit_verdict(joint, restricted: dict, runs, per_r: dict | None = None, gaps=None, paper_gaps=None,
-                      halves: dict | None = None) -> str:
-    """The paragraph (Markdown) that reads a joint fit of our runs beside the paper's.
-
-    Written from the numbers rather than typed into the chapter, so it stays true when the
-    sweep gains runs or moves to the GPU grid, and so that its branches can be tested.  It says
-    where the 95% interval of phi lies (against the paper's 0.459 and its interval, and against
-    0 and 1), what holding phi at 0 or 1 (``restricted``: {0.0: fit, 1.0: fit}) costs in R^2
-    beside the paper's costs, whether the joint fit ended on the edge of the search box, how
-    large the residuals on ``runs`` are, how well one law per architecture fits (``per_r``),
-    the model-free same-width loss gaps (``gaps``, ``paper_gaps``: `same_width_gaps` of our runs
-    and of the paper's law on its grid) and the budget halves (``halves``: `half_fits`).  The
-    paper's numbers come from its published tables (`looped.paper`): the joint fit and its
-    restricted variants, the per-r residuals, Table 1 and the budget halves.  ``joint`` None
-    gives the note that there is no fit yet.
-    """
-    from .fit import at_bounds
-    from .law import residuals
-    from .paper import PAPER_PHI, PAPER_PHI_CI, paper_fits, paper_table
-    if joint is None:
-        return ("No CPU fit is shown yet: the sweep folder holds too few finished runs.  Rerun the chapter "
-                "(`make notebooks CHAPTERS=04_fit`) once `looped sweep cpu-main` has finished.")
-    paper = paper_fits()
-    p_r2 = {k: float(paper.loc[k, "r2"]) for k in ("phi_free", "phi_fixed_0", "phi_fixed_1")}
-    p_res = paper_table("joint_fit_residuals")
-    p_arch = paper.loc[[f"chinchilla_r{r}" for r in R_VALUES], "r2"].astype(float)
-    p_half = float(paper.loc["phi_free_high_half_budgets", "phi"] - paper.loc["phi_free_low_half_budgets", "phi"])
-    resid = residuals(joint, runs)
-    lo, hi = joint.ci["phi"]
-    plo, phi_ = PAPER_PHI_CI
-    where = (f"contains the paper's {PAPER_PHI:g}" if lo <= PAPER_PHI <= hi else
-             f"lies entirely above the paper's {PAPER_PHI:g}" if lo > PAPER_PHI else
-             f"lies entirely below the paper's {PAPER_PHI:g}")
-    overlap = "overlaps" if (lo <= phi_ and hi >= plo) else "does not overlap"
-    zero = "excludes φ = 0" if lo > 0 else "does not exclude φ = 0"
-    one = "excludes φ = 1" if hi < 1 else "does not exclude φ = 1"
-    r2f, r20, r21 = joint.r2, restricted[0.0].r2, restricted[1.0].r2
-    text = (f"On our {joint.n_runs} CPU runs the joint fit gives **φ = {joint.phi:.3f}** with a 95% block-bootstrap "
-            f"interval of [{lo:.3f}, {hi:.3f}] (width {hi - lo:.2f}; the paper's is {phi_ - plo:.2f} wide).  The "
-            f"interval {where}, {overlap} the paper's [{plo}, {phi_}], {zero} and {one}.  ")
-    worse = [(name, r2f - r2) for name, r2 in (("φ = 0", r20), ("φ = 1", r21))]
-    text += f"The free fit reaches R² = {r2f:.4f} (paper: {p_r2['phi_free']:.4f}); "
-    text += "; ".join(f"fixing {name} costs {d:.4f} of R²" if d >= 0 else
-                      f"fixing {name} even raises R² by {-d:.4f}, since the fit minimises the Huber loss of "
-                      f"log-losses rather than the squared error in nats" for name, d in worse)
-    text += (f".  In the paper the two restrictions cost {p_r2['phi_free'] - p_r2['phi_fixed_0']:.4f} and "
-             f"{p_r2['phi_free'] - p_r2['phi_fixed_1']:.4f}.")
-    small = [name for name, d in worse if d < 0.002]
-    if small:
-        text += (f"  Holding {' or '.join(small)} hardly changes how well the law fits: the fit quality alone "
-                 f"cannot tell {'that end point' if len(small) == 1 else 'those end points'} from the free fit.")
-    bounds = at_bounds(joint)
-    if bounds:
-        text += (f"  The fit ends on the edge of the search box for {', '.join(bounds)}: the data prefer a value "
-                 f"outside the paper's box (for E, an irreducible loss below e^-3 = 0.05 nats), so that number is a "
-                 f"bound of the protocol, not a measurement.")
-    rmse, p_rmse = float(np.sqrt(np.mean(resid ** 2))), float(p_res["rmse"].mean())
-    size = ("much larger than" if rmse > 2 * p_rmse else "larger than" if rmse > 1.25 * p_rmse else
-            "about as large as" if rmse >= 0.8 * p_rmse else "smaller than")
-    text += (f"  The residuals are {size} the paper's: RMSE {rmse:.3f} nats against about {p_rmse:.2f}, largest "
-             f"{np.abs(resid).max():.3f} against {p_res['max_abs_residual'].max():.3f}.")
-    if per_r:
-        r2s = [res.r2 for res in per_r.values()]
-        if min(r2s) < 0.99:
-            text += (f"  The law's form itself is the weak point: even one Chinchilla law per architecture reaches only "
-                     f"R² {min(r2s):.3f} to {max(r2s):.3f} (paper: {p_arch.mean():.3f}), so the joint law has little "
-                     f"to work with.")
-        elif min(r2s) - r2f > 0.005:
-            text += (f"  One Chinchilla law per architecture fits well, R² {min(r2s):.3f} to {max(r2s):.3f} (paper: "
-                     f"{p_arch.mean():.3f}): each r on its own follows the Chinchilla form, and what the joint law loses "
-                     f"beyond that comes from tying the architectures together through r^φ with shared exponents.")
-        else:
-            text += (f"  One Chinchilla law per architecture reaches R² {min(r2s):.3f} to {max(r2s):.3f} (paper: "
-                     f"{p_arch.mean():.3f}), hardly better than the joint law with its single φ.")
-    if gaps is not None and len(gaps) and paper_gaps is not None:
-        mg = ", ".join(f"{g:+.3f} at r = {r}" for r, g in gaps["mean_gap"].items())
-        text += (f"  Without any law, the mean loss of a looped model minus that of the plain model of the same width "
-                 f"and budget is {mg} nats (the paper's law: "
-                 + ", ".join(f"{g:+.2f} at r = {r}" for r, g in paper_gaps["mean_gap"].items()) + ")")
-        side = gap_side(gaps, paper_gaps)
-        text += (f": looping costs our models {side} than the paper's law says it costs at scale.  How a gap turns "
-                 f"into φ depends on the law's other parameters (a gap is the size term at N_once + r^φ N_rec minus "
-                 f"the same at N), so the gaps and φ need not move together." if side else ".")
-    if halves and len(halves) == 2:
-        pl, ph = halves["lower"][1].phi, halves["upper"][1].phi
-        rl, rh = halves["lower"][1].r2, halves["upper"][1].r2
-        text += (f"  The budget halves give φ = {pl:.3f} (lower, R² {rl:.3f}) and {ph:.3f} (upper, R² {rh:.3f}), "
-                 f"upper minus lower {ph - pl:+.3f} against {p_half:+.2f} in the paper")
-        text += (f": the law describes the larger budgets, where the runs are longer, {'much ' if rh - rl > 0.05 else ''}"
-                 f"better than the smaller ones." if rh - rl > 0.02 else ".")
-    return text

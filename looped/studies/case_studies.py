@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import accounting as acc
-from .config import model_config
-from .fit import REQUIRED, FitError, FitResult, fit, is_chinchilla, load_runs, validate_runs
+from .. import accounting as acc
+from ..config import model_config
+from ..fit import REQUIRED, FitError, FitResult, fit, is_chinchilla, load_runs, validate_runs
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -214,7 +214,7 @@ def case_study_cells(baseline_runs, variant_runs):
 
 def token_gain(study: str = "paper-truncated"):
     """Tokens a case-study run gets at its budget, against the linear-injection, full-backprop run
-    of the same (budget, r, s): one row per run of the named study (`looped.sweep.STUDIES`).
+    of the same (budget, r, s): one row per run of the named study (`looped.studies.registry.STUDIES`).
 
     Columns budget, r, s, d_model, injection, bptt_k, flops_full, flops_variant (training FLOPs per
     token), tokens_full, tokens_variant (whole steps of the preset's batch, as the trainer runs
@@ -222,8 +222,9 @@ def token_gain(study: str = "paper-truncated"):
     gain before rounding to whole steps).
     """
     import pandas as pd
-    from .config import get_preset
-    from .sweep import load_study
+
+    from ..config import get_preset
+    from .registry import load_study
     rows = []
     for run in load_study(study):
         cfg = run.model_config()
@@ -237,162 +238,6 @@ def token_gain(study: str = "paper-truncated"):
     return pd.DataFrame(rows)
 
 
-def token_gain_summary(study: str = "paper-truncated"):
-    """`token_gain` condensed per r and overall: runs, median / min / max of the token ratio."""
-    import pandas as pd
-    t = token_gain(study)
-    parts = [(str(r), g) for r, g in t.groupby("r")] + [("all", t)]
-    return pd.DataFrame([dict(r=k, runs=len(g), median=g["ratio"].median(), min=g["ratio"].min(),
-                              max=g["ratio"].max(), flops_ratio_median=g["flops_ratio"].median())
-                         for k, g in parts])
-
-
-# ------------------------------------------------------------------ text read from a case study
-
-def edge_notes(cs: CaseStudy) -> list:
-    """Sentences flagging estimates of a case study that sit on the edge of the fitting box
-    (log E = -3, i.e. E = e^-3 = 0.050 nats; phi = -3 or 3): a parameter there is a bound of the
-    protocol, not an estimate, and a bootstrap percentile there means that part of the resamples
-    ran into the edge, so the interval is open on that side.  Empty when nothing is on an edge."""
-    from .fit import HI, LO, LAW_PARAMS, at_bounds
-    notes = []
-    for label, res in (("baseline", cs.baseline), (cs.name, cs.variant)):
-        if res is None:
-            continue
-        for p in at_bounds(res):
-            v = getattr(res, p)
-            where = ("at the lower edge of the fitting box, e⁻³ ≈ 0.050 nats" if p == "E"
-                     else f"at {v:.3f}, on the edge of the fitting box")
-            notes.append(f"the {label} fit puts {_SYMBOL.get(p, p)} {where}: a bound, not an estimate")
-        i = LAW_PARAMS.index("phi")
-        lo, hi = res.ci.get("phi", (float("nan"), float("nan")))
-        for end, v, box in (("lower", lo, LO[i]), ("upper", hi, HI[i])):
-            if v == v and abs(v - box) < 1e-3:
-                notes.append(f"the {end} end of the {label} fit's φ interval, {v:.3f}, is the edge of the fitting "
-                             f"box: some resamples ran into it, so the interval is open on that side")
-    return notes
-
-
-_SYMBOL = {"phi": "φ", "alpha": "α", "beta": "β"}
-
-
-def verdict(cs: CaseStudy, paper_delta: float, study: str = "") -> str:
-    """A paragraph (Markdown) reading a case study's change in phi beside the paper's: direction,
-    agreement with the paper's sign, the paired interval and any estimates on the box edge."""
-    if not cs.ok:
-        return (f"Our case-study fit is not available: {cs.note}.  Rerun this chapter once the "
-                f"`{study or cs.name}` sweep has finished.")
-    d = cs.delta_phi
-    agrees = "agrees with" if (d > 0) == (paper_delta > 0) else "goes against"
-    ci = cs.delta_phi_ci
-    if ci is None:
-        certainty = "There is no paired interval, since the two tables do not cover the same cells."
-    elif ci[1] < 0 or ci[0] > 0:
-        certainty = (f"The paired bootstrap interval, [{ci[0]:+.3f}, {ci[1]:+.3f}], excludes zero, "
-                     "so our data resolve the direction.")
-    else:
-        certainty = (f"The paired bootstrap interval, [{ci[0]:+.3f}, {ci[1]:+.3f}], contains zero: our "
-                     "runs do not resolve the direction.")
-    text = (f"On our CPU study the {cs.name} refit gives a {'lower' if d < 0 else 'higher'} φ than the baseline, "
-            f"by {abs(d):.3f}; this {agrees} the paper's direction ({paper_delta:+.3f}).  {certainty}")
-    (b_lo, b_hi), (v_lo, v_hi) = (res.ci.get("phi", (float("nan"),) * 2) for res in (cs.baseline, cs.variant))
-    if (v_hi - v_lo) > 2 * (b_hi - b_lo):   # False when either interval is missing (nan)
-        text += (f"  The {cs.name} fit pins φ down far less well than the baseline: its own 95% interval, "
-                 f"[{v_lo:.3f}, {v_hi:.3f}], is {(v_hi - v_lo) / (b_hi - b_lo):.0f} times as wide as the baseline's, "
-                 f"so on these budgets its runs constrain φ only loosely.")
-    notes = edge_notes(cs)
-    if notes:
-        text += "  Note that " + "; ".join(notes) + "."
-    return text
-
-
 CELL_NOISE = 0.01
 """Nats: differences between best runs below this are within seed-to-seed scatter (the CPU
-study's seed check in the sweep chapter measures a standard deviation of about 0.011)."""
-
-
-def cells_vs_phi(cells, cs: CaseStudy, what: str) -> str:
-    """A paragraph (Markdown) setting the cell-by-cell comparison (`case_study_cells`) against the
-    fitted change in phi, written from the numbers: where the variant wins, whether its advantage
-    grows or shrinks steadily with r, what the law would then expect of phi, and whether the fit
-    agrees.  ``what`` names the variant's runs ("truncated", "hyperconnection")."""
-    if not len(cells):
-        return "No (budget, r) cell has runs of both kinds yet."
-    by_r = cells.groupby("r")["delta"].mean()
-    r_lo, r_hi = int(by_r.index.min()), int(by_r.index.max())
-    better = int((cells["delta"] < 0).sum())
-    gain_lo, gain_hi = -by_r.loc[r_lo], -by_r.loc[r_hi]
-    text = (f"The {what} runs reach the lower best loss in {better} of {len(cells)} cells; averaged "
-            f"over budgets, the difference is " + ", ".join(f"{v:+.3f} nats at r = {int(r)}" for r, v in by_r.items())
-            + ".  ")
-    gains = (-by_r).to_numpy()
-    steps = np.diff(gains)
-    fitted = ""
-    if cs.ok:
-        ci = cs.delta_phi_ci
-        fitted = (f"  The fitted change in φ, {cs.delta_phi:+.3f}"
-                  + (", has a paired interval that contains zero." if ci is not None and ci[0] <= 0 <= ci[1] else "."))
-    if abs(gain_hi - gain_lo) < CELL_NOISE and np.ptp(gains) < 2 * CELL_NOISE:
-        return text + (f"The advantage is the same at every r to within the seed-to-seed scatter of single runs "
-                       f"(about {CELL_NOISE} nats), which under the law says little about φ: a change in φ shows up "
-                       f"as an advantage that grows (φ up) or shrinks (φ down) with r." + fitted)
-    if abs(gain_hi - gain_lo) >= CELL_NOISE and np.all(steps > -CELL_NOISE) and gain_hi > gain_lo:
-        grows = True
-    elif abs(gain_hi - gain_lo) >= CELL_NOISE and np.all(steps < CELL_NOISE) and gain_hi < gain_lo:
-        grows = False
-    else:
-        best = int(by_r.index[int(np.argmax(gains))])
-        return text + (f"The advantage does not change steadily with r (it is largest at r = {best}), so the cells "
-                       f"show no clear sign of a change in φ, which would make it grow (φ up) or shrink (φ down) "
-                       f"with r." + fitted)
-    text += (f"The advantage {'grows' if grows else 'shrinks'} with r (from {gain_lo:+.3f} to {gain_hi:+.3f} nats "
-             f"in favour of the {what} runs), which under the law is the signature of a {'higher' if grows else 'lower'} φ: "
-             f"the more recurrences, the {'more' if grows else 'less'} the change is worth.")
-    if not cs.ok:
-        return text
-    consistent = (cs.delta_phi > 0) == grows
-    ci = cs.delta_phi_ci
-    unresolved = ci is not None and ci[0] <= 0 <= ci[1]
-    if consistent:
-        return text + f"  The fitted change in φ, {cs.delta_phi:+.3f}, points the same way."
-    text += (f"  The fitted change in φ, {cs.delta_phi:+.3f}, points the other way.  The two views weigh different "
-             f"things: the cells compare single best runs, while the refit moves all six parameters of the law at "
-             f"once (here E goes from {cs.baseline.E:.3f} to {cs.variant.E:.3f} nats, α from "
-             f"{cs.baseline.alpha:.3f} to {cs.variant.alpha:.3f}), and φ trades off against them.")
-    if unresolved:
-        text += ("  Since the paired interval of the change contains zero, the fit does not establish a direction "
-                 "at all; the cell-by-cell differences are the more direct reading of these runs.")
-    return text
-
-
-def reproduced(cs: CaseStudy, paper_delta: float) -> str:
-    """A short verdict on a case study's change in phi against the paper's, for a results table:
-    'yes' (same sign, paired interval excludes zero), 'direction only (interval contains 0)' (or
-    '(no paired interval)' when the two tables hold different cells), 'no (opposite sign...)' or
-    'not fitted'."""
-    if not cs.ok:
-        return "not fitted"
-    ci = cs.delta_phi_ci
-    why = "no paired interval" if ci is None else "interval contains 0"
-    unresolved = ci is None or ci[0] <= 0 <= ci[1]
-    if (cs.delta_phi > 0) == (paper_delta > 0):
-        return f"direction only ({why})" if unresolved else "yes"
-    return "no (opposite sign" + (f", {why})" if unresolved else ")")
-
-
-def checked_fits(key: str, fits, cs, active: bool = True) -> str:
-    """The nbval check of a case study's fit table (`fits`: one row per fit with runs, phi,
-    phi_lo, phi_hi, alpha, beta, E, r2) and of its change in phi: run counts exactly, fitted
-    numbers within tolerances of the recorded references (`looped.checks.checked`)."""
-    from . import checks
-    lines = ["fits: " + ", ".join(f"{row.fit}: {int(row.runs)} runs" for row in fits.itertuples())]
-    tol = {"phi": 0.02, "phi_lo": 0.05, "phi_hi": 0.05, "alpha": 0.02, "beta": 0.02, "E": 0.05, "r2": 1e-3}
-    measured = {f"{row.fit} {k}": getattr(row, k) for row in fits.itertuples() for k in tol}
-    tolerances = {f"{row.fit} {k}": t for row in fits.itertuples() for k, t in tol.items()}
-    if cs.ok:
-        measured["change in phi"], tolerances["change in phi"] = cs.delta_phi, 0.02
-        if cs.delta_phi_ci:
-            measured["change lo"], measured["change hi"] = cs.delta_phi_ci
-            tolerances["change lo"] = tolerances["change hi"] = 0.05
-    lines.append(checks.checked(key, measured, tolerances, active=active))
-    return "\n".join(lines)
+study's seed runs measure a standard deviation of about 0.011)."""

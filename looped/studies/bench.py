@@ -11,7 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-
 PATHS = ("eager", "fast")
 
 
@@ -33,9 +32,9 @@ def measure_train(preset: str = "cpu", sizes=(6, 32, 64), r_values=(1, 4), steps
     """
     import torch
 
-    from . import accounting
-    from .config import get_preset, model_config
-    from .train import matmul_peak
+    from .. import accounting
+    from ..config import get_preset, model_config
+    from ..train import matmul_peak
 
     unknown = set(paths) - set(PATHS)
     if unknown:
@@ -79,9 +78,9 @@ def training_step(cfg, p, fast: bool, device, micro: int):
     eager reference (`fast=False`) or the fast path."""
     import torch
 
-    from . import optim
-    from .model import LoopedGPT
-    from .train import fast_model
+    from .. import optim
+    from ..model import LoopedGPT
+    from ..train import fast_model
     B = p.batch_tokens // p.seq_len
     torch.manual_seed(0)
     raw = LoopedGPT(cfg).to(device)
@@ -117,7 +116,7 @@ def profile_step(preset: str = "prose", s: float = 4, r: int = 1, fast: bool = T
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from .config import get_preset, model_config
+    from ..config import get_preset, model_config
     p = get_preset(preset)
     cfg = model_config(p, r=int(r), s=float(s))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -154,7 +153,7 @@ def bench_train(argv) -> int:
 
     import torch
 
-    from .config import ConfigError
+    from ..config import ConfigError
 
     ap = argparse.ArgumentParser(prog="looped bench train")
     ap.add_argument("--preset", default="cpu")
@@ -191,7 +190,7 @@ def bench_train(argv) -> int:
     if ratios:
         print("fast / eager steps per second: " + ", ".join(f"s={s:g} r={r}: {v:.2f}x" for (s, r), v in ratios.items()))
     if a.json:
-        from .train import atomic_write_json
+        from ..io import atomic_write_json
         atomic_write_json(Path(a.json), {"preset": a.preset, "device": kind, "threads": torch.get_num_threads(),
                                          "peak_flops": peak, "peak_size": a.peak_size, "rows": rows,
                                          "speedups": [{"s": s, "r": r, "fast_over_eager": v}
@@ -203,7 +202,7 @@ def bench_profile(argv) -> int:
     """`looped bench profile`: the share of a training step each part takes (see profile_step)."""
     import torch
 
-    from .config import ConfigError
+    from ..config import ConfigError
     ap = argparse.ArgumentParser(prog="looped bench profile")
     ap.add_argument("--preset", default="prose")
     ap.add_argument("--s", type=float, default=4, help="width knob (prose: d = 8 s)")
@@ -224,7 +223,7 @@ def bench_profile(argv) -> int:
     print(f"{a.preset} s={a.s:g} (d={out['d_model']}) r={a.r}, {a.path} path, {out['threads']} thread(s): "
           f"{out['ms_per_step']:.0f} ms/step; " + ", ".join(f"{k} {v:.0%}" for k, v in out["shares"].items()))
     if a.json:
-        from .train import atomic_write_json
+        from ..io import atomic_write_json
         atomic_write_json(Path(a.json), {**out, "command": "looped bench profile " + " ".join(argv)})
     return 0
 
@@ -265,10 +264,9 @@ def bench_fit(argv=None) -> int:
     a = ap.parse_args(argv)
     import numpy as np
 
-    from .fit import bootstrap_weights, fit
-    from .law import synthetic_runs
-    from .paper import PAPER_LAW
-    from .solver import LO, WIDTH, RunArrays, lbfgsb, objective, random_starts, serial_fit, solve_restarts
+    from ..fit import bootstrap_weights, fit
+    from ..solver import LO, WIDTH, RunArrays, lbfgsb, objective, random_starts, serial_fit, solve_restarts
+    from .paper import PAPER_LAW, synthetic_runs
     df = synthetic_runs(seed=a.seed)
     data = RunArrays.from_frame(df)
     free = np.ones(6, bool)

@@ -1,12 +1,12 @@
 """Figures of fitted laws: residuals, bootstrap distributions, phi against its interval and its
 profile, the collapse onto N_eff, effective sizes and compute-optimal frontiers.  Drawn with the
-palette of `looped.palette`; matplotlib is imported inside the functions.  Chapters reach these
-through `looped.figures`, which re-exports them.
+palette of `looped.report.palette`; matplotlib is imported inside the functions.  Chapters reach these
+through `looped.report.figures`, which re-exports them.
 """
 from __future__ import annotations
 
-from .paper import PAPER_PHI, PAPER_PHI_CI
-from .palette import LEGEND_FONTSIZE, OURS_COLOR, PAPER_COLOR, _SYMBOLS, budget_markers, plain_log_axis, r_color
+from ..studies.paper import PAPER_PHI, PAPER_PHI_CI
+from .palette import _SYMBOLS, LEGEND_FONTSIZE, OURS_COLOR, PAPER_COLOR, budget_markers, plain_log_axis, r_color
 from .tables import power_of_ten
 
 
@@ -29,7 +29,8 @@ def plot_residuals(ax, res, runs, title: str | None = None):
     """Residuals of a fitted law against unique non-embedding parameters N (log axis): colour is
     r, marker is the training budget; the grey band is +-1 RMSE of all runs."""
     import numpy as np
-    from .law import residuals
+
+    from ..law import residuals
     resid = residuals(res, runs)
     n = (runs["n_once"] + runs["n_rec"]).to_numpy(float)
     marks = budget_markers(runs["budget"])
@@ -49,7 +50,7 @@ def plot_residuals(ax, res, runs, title: str | None = None):
 def plot_predicted_vs_observed(ax, res, runs, title: str | None = None):
     """Observed final loss against the fitted law's prediction for every run (colour r, marker
     budget), with the identity line."""
-    from .law import predict
+    from ..law import predict
     pred = predict(res, runs["n_once"], runs["n_rec"], runs["r"], runs["tokens"])
     obs = runs["loss"].to_numpy(float)
     marks = budget_markers(runs["budget"])
@@ -72,7 +73,8 @@ def plot_bootstrap(ax, res, param: str = "phi", paper=None, label: str = "ours")
     """Histogram of the bootstrap resamples of one parameter, with the point estimate and the
     2.5/97.5 percentile band; ``paper`` = (value, lo, hi) adds the published estimate and interval."""
     import numpy as np
-    from .solver import LAW_PARAMS
+
+    from ..solver import LAW_PARAMS
     samples = np.asarray(res.boot_samples)[:, LAW_PARAMS.index(param)]
     lo, hi = res.ci[param]
     ax.hist(samples, bins=30, color=OURS_COLOR, alpha=0.55, label=f"{label}: {len(samples)} resamples")
@@ -96,7 +98,8 @@ def plot_minima_laws(axes, minima_runs, laws: dict, budgets=None):
     widths, `looped.law.compute_optimal`) extrapolated over ``budgets``; the shaded span is the
     range of budgets the paper trained.  ``laws`` maps a label to a FitResult."""
     import numpy as np
-    from .law import compute_optimal, predict
+
+    from ..law import compute_optimal, predict
     left, right = axes
     styles = ["-", "--", ":", "-."]
     for r in sorted(minima_runs["r"].unique()):
@@ -127,7 +130,7 @@ def plot_minima_laws(axes, minima_runs, laws: dict, budgets=None):
 
 
 def plot_phi_comparison(ax, cs, paper_baseline: float, paper_variant: float):
-    """phi of a case study (`looped.case_studies.CaseStudy`) and of its baseline, with bootstrap intervals
+    """phi of a case study (`looped.studies.case_studies.CaseStudy`) and of its baseline, with bootstrap intervals
     where there are any, beside the paper's two values (Table 3)."""
     import numpy as np
     labels = ["baseline", cs.name]
@@ -151,8 +154,8 @@ def plot_phi_comparison(ax, cs, paper_baseline: float, paper_variant: float):
         if max(hi) < top + 0.4:
             top = max(top, max(hi) + 0.05)
         ax.set_ylim(bottom, top)
-        for xi, l, h in zip(xs, lo, hi):
-            for end, edge, va in ((l, bottom, "bottom"), (h, top, "top")):
+        for xi, low, h in zip(xs, lo, hi):
+            for end, edge, va in ((low, bottom, "bottom"), (h, top, "top")):
                 if (end < edge) if va == "bottom" else (end > edge):
                     edge_note = " (box edge)" if abs(abs(end) - 3.0) < 1e-3 else ""
                     ax.annotate(f"to {end:.2f}{edge_note}", (xi, edge), xytext=(4, 3 if va == "bottom" else -3),
@@ -175,7 +178,8 @@ def plot_effective_size_vs_phi(ax=None, preset: str = "paper", s: float = 32, r_
     and compute-equivalent size (dotted), all relative to the plain model of the same width.
     `marks` maps labels to phi values drawn as thin vertical lines (e.g. the case studies)."""
     import matplotlib.pyplot as plt
-    from .law import effective_size_vs_phi
+
+    from ..law import effective_size_vs_phi
     df = effective_size_vs_phi(preset, s=s, r_values=r_values)
     if ax is None:
         _, ax = plt.subplots(figsize=(6.5, 4.2))
@@ -206,7 +210,7 @@ def plot_compute_optimal(axes, frontier, minima=None, paper_gaps=None, budget_ra
     """Four panels on `axes` (2 x 2): N*(C), D*(C), L*(C) and the loss gap to r = 1, the law's
     continuous frontier as lines (one per r), the published per-cell minima as markers,
     the paper's reported gap ranges as bands, and the paper's budget range shaded."""
-    from .law import frontier_gaps
+    from ..law import frontier_gaps
     fr = frontier_gaps(frontier)
     axes = list(getattr(axes, "flat", axes))
     cols = [("n_star", "unique non-embedding params N*"), ("tokens_star", "training tokens D*"),
@@ -241,7 +245,7 @@ def plot_compute_optimal(axes, frontier, minima=None, paper_gaps=None, budget_ra
 
 
 def plot_phi_profile(ax, profiles: dict, marks: dict | None = None):
-    """Fit objective against a fixed phi (`looped.analysis.phi_profile`), one curve per data set
+    """Fit objective against a fixed phi (`looped.studies.analysis.phi_profile`), one curve per data set
     (``profiles``: label -> profile table), each relative to its own minimum; ``marks``: label ->
     (value, lo, hi) drawn as a point with an interval at the bottom (e.g. the paper's estimate)."""
     colors = [OURS_COLOR, "0.35", "#8172b3", "#937860"]
@@ -264,13 +268,14 @@ def plot_phi_forest(entries, ax=None, reference: float = PAPER_PHI, reference_ci
     estimate and interval, and thin lines at phi = 0 and 1.
 
     ``entries``: a DataFrame or a list of (label, source, phi, lo, hi) rows, source 'paper' or
-    'ours' (`looped.analysis.phi_estimates`); fits keep the order of their first row.  A NaN phi
+    'ours' (`looped.studies.analysis.phi_estimates`); fits keep the order of their first row.  A NaN phi
     is written as "not fitted"; an interval reaching far past the estimates is cut at the frame,
     with its end written beside it.  Raises ValueError on an empty table, a missing column, an
     unknown source or an interval whose ends are the wrong way round."""
     import matplotlib.pyplot as plt
     import pandas as pd
-    from .solver import HI, LAW_PARAMS, LO
+
+    from ..solver import HI, LAW_PARAMS, LO
     cols = ["label", "source", "phi", "lo", "hi"]
     df = entries.copy() if isinstance(entries, pd.DataFrame) else pd.DataFrame(list(entries), columns=cols)
     if missing := [c for c in cols if c not in df.columns]:
@@ -340,7 +345,7 @@ def plot_neff_collapse(runs, law, axes=None, phis=None):
     width, and at phi = 1 the looped models and the plain model of the same width sit at about
     the same N_eff, so the raw losses would line up near phi = 1 whatever phi the data hold.
     Less that term, the runs of every r and budget fall onto the one curve at the phi that
-    describes them, and each title gives their RMSE around it (`looped.analysis.rmse_at_phi`).
+    describes them, and each title gives their RMSE around it (`looped.studies.analysis.rmse_at_phi`).
     Only phi changes from panel to panel; the other parameters are the law's.
 
     ``runs``: columns r, n_once, n_rec, tokens, loss, budget; ``law``: a FitResult or dict with
@@ -349,9 +354,10 @@ def plot_neff_collapse(runs, law, axes=None, phis=None):
     missing column or no runs."""
     import matplotlib.pyplot as plt
     import numpy as np
-    from .accounting import n_effective
-    from .analysis import rmse_at_phi
-    from .law import law_params
+
+    from ..accounting import n_effective
+    from ..law import law_params
+    from ..studies.analysis import rmse_at_phi
     if missing := [c for c in ("r", "n_once", "n_rec", "tokens", "loss", "budget") if c not in runs.columns]:
         raise ValueError(f"N_eff collapse: missing column(s) {', '.join(missing)}")
     if not len(runs):

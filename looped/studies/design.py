@@ -18,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ..records import read_records
 from .analysis import iso_flop_cells, study_table
-from .sweep import read_records
 
 
 def pilot_optima(study: str = "prose-pilot", runs_dir=None, tokens_per_param=(10.0, 40.0)) -> pd.DataFrame:
@@ -52,8 +52,8 @@ def lr_sweep(study: str = "prose-lr", runs_dir=None, tolerance: float = 0.01) ->
     multiplier, whether multiplier 1 (the transfer as the paper states it) is within `tolerance`
     nats of the best, and the gap at the study preset's default multiplier (`Preset.lr_scale`,
     which an LR sweep that finds the transfer off re-bases)."""
-    from .config import get_preset
-    from .sweep import STUDIES
+    from ..config import get_preset
+    from .registry import STUDIES
     default = get_preset(STUDIES[study][2]).lr_scale if study in STUDIES else 1.0
     rec = _ok_records(study, runs_dir)
     rows = []
@@ -65,47 +65,6 @@ def lr_sweep(study: str = "prose-lr", runs_dir=None, tolerance: float = 0.01) ->
                          gap_at_1=at_one - float(by_lr.min()), transfer_ok=bool(at_one - by_lr.min() <= tolerance),
                          preset_multiplier=default, gap_at_preset=float(by_lr.get(default, np.nan)) - float(by_lr.min())))
     return pd.DataFrame(rows)
-
-
-def lr_verdict(table: pd.DataFrame, tolerance: float = 0.01) -> str:
-    """One clause per r of an `lr_sweep` table, then what the preset does about it: whether the
-    paper's transfer (multiplier 1) holds, and the multiplier the preset uses by default."""
-    if table.empty:
-        return "No learning-rate run has finished yet."
-    lr_cols = [c for c in table.columns if c.startswith("lr x")]
-    parts = []
-    for _, row in table.iterrows():
-        done = [float(c[len("lr x"):]) for c in lr_cols if pd.notna(row[c])]
-        edge = row.best_multiplier in (min(done), max(done))
-        gap = (f"multiplier 1 is {row.gap_at_1:.3f} nats worse" if row.gap_at_1 > 0
-               else "that is the transfer itself")
-        parts.append(f"for *r* = {int(row.r)} the best of the {len(done)} multipliers finished is "
-                     f"{row.best_multiplier:g} ({'at the edge of those' if edge else 'inside them'}; {gap})")
-    preset = float(table.preset_multiplier.iloc[0])
-    text = "In this sweep " + "; ".join(parts) + ". "
-    if preset != 1.0:
-        return text + (f"The transfer is off by more than {tolerance:g} nats, so the preset re-bases it: its "
-                       f"runs use {preset:g} times HyperP's learning rates (`Preset.lr_scale`).")
-    if table.transfer_ok.all():
-        return text + f"The transfer holds within {tolerance:g} nats, and the preset keeps it."
-    return text + f"The transfer is off by more than {tolerance:g} nats; the preset has not been re-based yet."
-
-
-def lr_explains(table: pd.DataFrame, r: int, misfit: float) -> str:
-    """One sentence (Markdown): can a learning rate that suits architecture `r` less explain a
-    mean residual of `misfit` nats at that r?  Reads the `lr_sweep` row of r: if the preset's
-    multiplier is within half the misfit of the best multiplier tried, the learning rate cannot
-    account for it."""
-    rows = table[table.r == r] if len(table) else table
-    if not len(rows):
-        return f"The learning-rate check has no runs at r = {r}, so it cannot say whether the rate explains the misfit."
-    row = rows.iloc[0]
-    gap = float(row.gap_at_preset)
-    small = gap < abs(misfit) / 2
-    return (f"At r = {r} the learning-rate check finds the preset's multiplier ({row.preset_multiplier:g}) "
-            f"{gap:.3f} nats above the best of those tried ({row.best_multiplier:g}), against a misfit of "
-            f"{misfit:+.3f} nats: a learning rate that suits r = {r} less "
-            + ("cannot account for it." if small else "may account for part of it."))
 
 
 def seed_spread(study: str = "prose-seeds", runs_dir=None) -> pd.DataFrame:
@@ -143,7 +102,7 @@ def batch_comparison(study: str = "prose-batch", runs_dir=None) -> pd.DataFrame:
 def grid_shape(study: str = "cpu-main") -> pd.DataFrame:
     """Per budget of a study's grid: the widths d_model trained, the recurrences, the number of
     runs and their FLOPs (what `looped sweep STUDY --dry-run` lists run by run)."""
-    from .sweep import load_study
+    from .registry import load_study
     rows = {}
     for run in load_study(study):
         row = rows.setdefault(run.budget, {"budget": run.budget, "widths": set(), "r": set(), "runs": 0})
@@ -162,9 +121,9 @@ def study_cost(studies=("cpu-main", "cpu-truncated", "cpu-hyper"), processes: in
     `timing_from` studies (the design runs by default, so the estimate does not drift while the
     study itself runs; None: the study's own runs once it has some), for the whole study and for
     the runs not yet recorded."""
-    from .config import REPO
+    from ..config import REPO
     from .estimate import cpu_estimate
-    from .sweep import load_study
+    from .registry import load_study
     sources = None if timing_from is None else [REPO / "runs" / name for name in timing_from]
     rows = []
     for study in studies:
@@ -180,8 +139,8 @@ def study_cost(studies=("cpu-main", "cpu-truncated", "cpu-hyper"), processes: in
 def _ok_records(study: str, runs_dir=None) -> pd.DataFrame:
     from pathlib import Path
 
-    from .config import REPO
-    from .sweep import COLUMNS
+    from ..config import REPO
+    from ..records import COLUMNS
     folder = REPO / "runs" / study if runs_dir is None else Path(runs_dir)
     rec = read_records(folder) if folder.is_dir() else pd.DataFrame(columns=COLUMNS)
     rec = rec[rec.status == "ok"].copy()
@@ -204,8 +163,8 @@ def rerun_targets(table: pd.DataFrame, joint, halves: dict | None = None, seed_s
     bootstrap, `seed_std` the largest seed spread (`seed_spread`).  Cells must bracket their
     minimum (the iso-FLOP parabola's vertex inside the widths trained and a minimum); residuals
     are in nats; the halves agree when each half's phi lies in the other's 95% interval."""
+    from ..law import residuals
     from .analysis import iso_flop_cells, main_design
-    from .law import residuals
     rows = []
 
     def add(target, aim, measured, met):
@@ -246,84 +205,12 @@ def leave_one_r_out(runs: pd.DataFrame, restarts: int = 500, seed: int = 0) -> p
     R^2 and residual RMSE.  If dropping one architecture brings the fit close to the targets,
     the misfit is that architecture's; if every row stays short, the shared exponents of the law
     are what the runs disagree with."""
-    from .fit import fit
-    from .law import residuals
+    from ..fit import fit
+    from ..law import residuals
     rows = []
     for drop in [None] + sorted(int(r) for r in runs["r"].unique() if r > 1):
         sub = runs if drop is None else runs[runs["r"] != drop].reset_index(drop=True)
         res = fit(sub, restarts=restarts, seed=seed)
         rows.append({"fit": "all runs" if drop is None else f"without r = {drop}", "runs": len(sub), "phi": res.phi,
                      "r2": res.r2, "rmse": float(np.sqrt(np.mean(residuals(res, sub) ** 2)))})
-    return pd.DataFrame(rows)
-
-
-def targets_summary(targets: pd.DataFrame) -> str:
-    """One sentence (Markdown) on `rerun_targets`: how many were met and which were missed,
-    each with the value measured, so a miss is named rather than averaged away."""
-    met = targets[targets.met.astype(bool)]
-    missed = targets[~targets.met.astype(bool)]
-    text = f"The study meets {len(met)} of the {len(targets)} targets"
-    if not len(missed):
-        return text + "."
-    return text + "; it misses " + "; ".join(f"{row.target} ({row.measured}, aim {row.aim})"
-                                             for row in missed.itertuples()) + "."
-
-
-def beside_the_paper(joint) -> str:
-    """One or two sentences (Markdown) setting our phi and its interval beside the paper's 0.459
-    [0.41, 0.53]: overlap or not, by how much, and whether the interval runs into the edge of
-    the fit's search box (resamples that cannot pin phi at all)."""
-    from .paper import PAPER_PHI, PAPER_PHI_CI
-    from .solver import HI, LO
-    if joint is None or "phi" not in joint.ci:
-        return "There is no bootstrapped fit of our runs to set beside the paper's yet."
-    lo, hi = joint.ci["phi"]
-    plo, phi_ = PAPER_PHI_CI
-    text = (f"Our φ = {joint.phi:.3f}, 95% interval [{lo:.3f}, {hi:.3f}], against the paper's {PAPER_PHI:g} "
-            f"[{plo:g}, {phi_:g}]: ")
-    if lo > phi_:
-        text += f"ours lies entirely above the paper's, by {lo - phi_:.3f} at the closest ends."
-    elif hi < plo:
-        text += f"ours lies entirely below the paper's, by {plo - hi:.3f} at the closest ends."
-    else:
-        text += "the two intervals overlap."
-    edges = [v for v, edge in ((lo, float(LO[5])), (hi, float(HI[5]))) if abs(v - edge) < 1e-6]
-    if edges:
-        samples = getattr(joint, "boot_samples", None)
-        count = (f" ({int(np.sum(np.abs(samples[:, 5] - edges[0]) < 1e-6))} of {len(samples)} resamples end there)"
-                 if samples is not None else "")
-        text += (f"  The interval reaches the edge of the fit's search box (φ = {edges[0]:g}){count}: some resamples "
-                 f"of our cells cannot pin φ at all, so that end measures how little those resamples fix φ rather "
-                 f"than a plausible value.")
-    return text
-
-
-def scale_comparison(ours: str = "cpu-main", paper: str = "paper-main") -> pd.DataFrame:
-    """The two main studies' scale side by side, from their grids and presets: what separates a
-    small-scale phi from the paper's (unique non-embedding parameters, training tokens, steps,
-    budgets, context, vocabulary, head dimension), with the factor paper / ours (for a range,
-    the ratio of the geometric means of its ends)."""
-    from .analysis import study_plan
-    from .config import get_preset
-    from .sweep import STUDIES
-    plans = {name: study_plan(name) for name in (paper, ours)}
-    presets = {name: get_preset(STUDIES[name][2]) for name in (paper, ours)}
-    from .tables import eng, power_of_ten
-    whole = lambda x: f"{int(x):,}"
-    rows = []
-    for quantity, values, fmt in (
-            ("training budget (FLOPs)", lambda s: plans[s].budget, power_of_ten),
-            ("unique non-embedding parameters", lambda s: plans[s].n, eng),
-            ("training tokens per run", lambda s: plans[s].tokens, eng),
-            ("optimizer steps per run", lambda s: plans[s].steps, whole),
-            ("width d_model", lambda s: plans[s].d_model, whole),
-            ("context length T", lambda s: [presets[s].seq_len], whole),
-            ("vocabulary", lambda s: [presets[s].vocab_size], whole),
-            ("head dimension", lambda s: [presets[s].head_dim], whole),
-            ("effective depth (layers)", lambda s: [presets[s].effective_depth], whole)):
-        ends = {s: (float(min(values(s))), float(max(values(s)))) for s in (paper, ours)}
-        text = {s: fmt(lo) if lo == hi else f"{fmt(lo)} to {fmt(hi)}" for s, (lo, hi) in ends.items()}
-        mid = {s: np.sqrt(lo * hi) for s, (lo, hi) in ends.items()}
-        rows.append({"quantity": quantity, "paper": text[paper], "ours": text[ours],
-                     "paper / ours": float(mid[paper] / mid[ours])})
     return pd.DataFrame(rows)

@@ -8,9 +8,9 @@ Torch is imported only by the functions that build models.
 """
 from __future__ import annotations
 
-from . import accounting as acc
-from .config import model_config
-from .paper import PAPER_PHI, R_VALUES, paper_table
+from .. import accounting as acc
+from ..config import R_VALUES, model_config
+from .paper import PAPER_PHI, paper_table
 
 
 def accounting_grid(preset: str = "paper", s_values=None, r_values=R_VALUES, phi: float = PAPER_PHI):
@@ -77,7 +77,8 @@ def live_parameter_check(preset: str = "tiny", s: float = 4, r_values=R_VALUES,
     """Build each model for real and compare its parameter count with the accounting's N."""
     import pandas as pd
     import torch
-    from .model import LoopedGPT
+
+    from ..model import LoopedGPT
     rows = []
     torch.manual_seed(0)
     for r in r_values:
@@ -98,7 +99,8 @@ def init_invariance(preset: str = "tiny", s: float = 4, r: int = 4, seed: int = 
     from dataclasses import replace
 
     import torch
-    from .model import LoopedGPT
+
+    from ..model import LoopedGPT
     torch.manual_seed(seed)
     cfg = model_config(preset, r=r, s=s, injection="linear")
     many = LoopedGPT(cfg).eval()
@@ -122,7 +124,8 @@ def truncation_check(preset: str = "tiny", s: float = 4, r: int = 8, k: int = 4,
 
     import pandas as pd
     import torch
-    from .model import LoopedGPT
+
+    from ..model import LoopedGPT
     torch.manual_seed(seed)
     cfg = model_config(preset, r=r, s=s, bptt_k=k)
     trunc = LoopedGPT(cfg)
@@ -152,7 +155,8 @@ def hyperconnection_check(preset: str = "tiny", s: float = 4, r: int = 4, lanes:
     """
     import pandas as pd
     import torch
-    from .model import LoopedGPT
+
+    from ..model import LoopedGPT
     torch.manual_seed(seed)
     cfg = model_config(preset, r=r, s=s, injection="hyperconnect", lanes=lanes)
     m = LoopedGPT(cfg).eval()
@@ -177,7 +181,8 @@ def hyperconnection_check(preset: str = "tiny", s: float = 4, r: int = 4, lanes:
 def preset_comparison(names=("paper", "cpu")):
     """The knobs of two presets side by side (rows: depth, width rule, heads, T, vocab, batch)."""
     import pandas as pd
-    from .config import get_preset
+
+    from ..config import get_preset
     out = {}
     for name in names:
         p = get_preset(name)

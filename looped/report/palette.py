@@ -1,7 +1,7 @@
 """The book's palette: one colour per number of recurrences r (`R_COLORS`, the same in every
 figure), one colour and one marker per training budget (its place on its grid, so a budget looks
 the same wherever it appears), our estimates against the published ones, and the axis style
-shared by `looped.figures` and `looped.fit_figures`.
+shared by `looped.report.figures` and `looped.report.fit_figures`.
 """
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import math
 from functools import lru_cache
 
 from .tables import eng
-
 
 # one colour per r (colour-blind safe, Okabe-Ito): the plain model dark grey, looped models
 # blue, green, vermillion in order of r
@@ -37,7 +36,8 @@ def r_color(r) -> str:
 def _grid_budgets() -> tuple:
     """The sorted training budgets of each grid file (the paper's, ours), one tuple per grid."""
     import pandas as pd
-    from .sweep import GRID_FILES
+
+    from ..studies.registry import GRID_FILES
     return tuple(tuple(sorted(float(b) for b in pd.read_csv(p)["budget_flops"].unique()))
                  for p in GRID_FILES.values() if p.exists())
 

@@ -10,11 +10,12 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from . import accounting
-from .config import REPO
+from .. import accounting
+from ..config import REPO
+from ..memory import gpu_spec
 
 if TYPE_CHECKING:
-    from .sweep import Run
+    from .registry import Run
 
 
 def plan(runs: list[Run], peak_flops: float, mfu: float, timing: tuple[float, float] | None = None) -> pd.DataFrame:
@@ -41,14 +42,6 @@ def plan(runs: list[Run], peak_flops: float, mfu: float, timing: tuple[float, fl
 # Dense bf16 tensor-core peaks (vendor spec sheets, SXM parts unless named) and memory, for
 # dry-run GPU-hour estimates: estimated hours = FLOPs / (peak x assumed MFU).  The MFU is an
 # assumption (--mfu), not a measurement; `tools/gpu_check.py` measures it on a real device.
-GPU_SPECS = {  # name -> (peak FLOP/s, memory bytes)
-    "H200": (989e12, 141e9),
-    "H100": (989e12, 80e9),
-    "H100-PCIe": (756e12, 80e9),
-    "A100": (312e12, 80e9),
-    "A100-40GB": (312e12, 40e9),
-    "L40S": (362e12, 48e9),
-}
 DEFAULT_GPU = "H200"   # assumed when no GPU is visible (the device this project checks on)
 DEFAULT_GPU_MFU = 0.35
 
@@ -60,10 +53,8 @@ def detect_gpu() -> tuple[str, float, float] | None:
         return None
     name = torch.cuda.get_device_name(0)
     total = float(torch.cuda.get_device_properties(0).total_memory)
-    for key in sorted(GPU_SPECS, key=len, reverse=True):
-        if key.split("-")[0] in name and (key != "A100-40GB" or total < 60e9):
-            return name, GPU_SPECS[key][0], total
-    return name, float("nan"), total
+    spec = gpu_spec(name, total)
+    return name, spec[1] if spec else float("nan"), total
 
 
 def gpu_plan(runs: list[Run], peak_flops: float, mfu: float, device_memory: float, gpus: int = 1,
@@ -71,14 +62,14 @@ def gpu_plan(runs: list[Run], peak_flops: float, mfu: float, device_memory: floa
     """`plan` for GPUs: each run's micro-batch (automatic for `device_memory` per GPU unless
     given), its predicted peak memory (looped.memory) and estimated GPU-hours at `mfu` of
     `peak_flops`; `gpus` data-parallel processes share each step's rows."""
-    from . import memory
+    from .. import memory
     table = plan(runs, peak_flops, mfu)
     micro, mem = [], []
     for run in runs:
         cfg = run.model_config()
         rows = run.tokens_per_step // cfg.seq_len
         if rows % gpus:
-            from .sweep import SweepError
+            from .registry import SweepError
             raise SweepError(f"{rows} rows per step do not split over {gpus} GPUs")
         m = micro_batch or memory.auto_micro_batch(cfg, rows // gpus, device_memory, dtype)
         micro.append(m)
@@ -111,7 +102,7 @@ def fast_path_records(preset: str, runs_root: str | Path | None = None) -> pd.Da
     """Finished fast-path runs of `preset` in every study folder under runs/: the measured speed
     a new study's dry run is timed with before it has finished runs of its own (records copied
     from another study are skipped, so no run counts twice)."""
-    from .sweep import COLUMNS
+    from ..records import COLUMNS
     rows = []
     for path in sorted(Path(runs_root or REPO / "runs").glob("*/*.json")):
         try:
@@ -137,7 +128,7 @@ def cpu_estimate(runs: list[Run], out: str | Path, peak_flops: float, mfu: float
     else every fast-path run of the same preset under runs/), or `mfu` of `peak_flops` without
     any.  `hours_wall` is the longest of `processes` round-robin shards, as `--shard i/P` splits
     the study over one process per core."""
-    from .sweep import COLUMNS, read_records, run_state
+    from ..records import COLUMNS, read_records, run_state
     out = Path(out)
     if timing_from:
         sources = [Path(p) for p in timing_from]

@@ -1,19 +1,40 @@
 """Figures for the book: the architecture, the accounting and the run tables (iso-FLOP curves,
-minima, costs, case-study curves), drawn with the palette of `looped.palette`.  The figures of
-fitted laws live in `looped.fit_figures`; both are re-exported here, the one module chapters
+minima, costs, case-study curves), drawn with the palette of `looped.report.palette`.  The figures of
+fitted laws live in `looped.report.fit_figures`; both are re-exported here, the one module chapters
 import.  Matplotlib and seaborn are imported inside the functions, so importing this module is
 cheap.  Every function draws on axes it is given (or makes its own) and returns them.
 """
 from __future__ import annotations
 
-from .config import model_config
-from .paper import PAPER_PHI, R_VALUES
+from ..config import R_VALUES, model_config
+from ..studies.paper import PAPER_PHI
+from .fit_figures import (  # noqa: F401
+    plot_bootstrap,
+    plot_compute_optimal,
+    plot_effective_size_vs_phi,
+    plot_minima_laws,
+    plot_neff_collapse,
+    plot_phi_comparison,
+    plot_phi_forest,
+    plot_phi_profile,
+    plot_predicted_vs_observed,
+    plot_residuals,
+)
+from .palette import (  # noqa: F401
+    _SYMBOLS,
+    BUDGET_MARKERS,
+    LEGEND_FONTSIZE,
+    OURS_COLOR,
+    PAPER_COLOR,
+    R_COLORS,
+    budget_color,
+    budget_colors,
+    budget_marker,
+    budget_markers,
+    plain_log_axis,
+    r_color,
+)
 from .tables import power_of_ten
-from .fit_figures import (plot_bootstrap, plot_compute_optimal, plot_effective_size_vs_phi,  # noqa: F401
-                          plot_minima_laws, plot_neff_collapse, plot_phi_comparison, plot_phi_forest,
-                          plot_phi_profile, plot_predicted_vs_observed, plot_residuals)
-from .palette import (BUDGET_MARKERS, LEGEND_FONTSIZE, OURS_COLOR, PAPER_COLOR, R_COLORS, _SYMBOLS,  # noqa: F401
-                      budget_color, budget_colors, budget_marker, budget_markers, plain_log_axis, r_color)
 
 
 def _box(ax, x, y, w, h, text, color, fontsize=9):
@@ -86,7 +107,8 @@ def plot_accounting_vs_r(ax=None, s_values=(6, 10, 20, 34), phi: float = PAPER_P
     """FLOPs/token, unique N and N_eff relative to the plain r=1 model at the same width."""
     import matplotlib.pyplot as plt
     import seaborn as sns
-    from .architecture import accounting_grid
+
+    from ..studies.architecture import accounting_grid
     grid = accounting_grid(preset, s_values=s_values, phi=phi)
     base = grid[grid.r == 1].set_index("s")
     if ax is None:

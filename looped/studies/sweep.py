@@ -1,8 +1,6 @@
-"""Named studies (grids as data) and a sweep runner that survives being killed.
+"""A sweep runner that survives being killed, its SLURM script and its dry run.
 
-A study is a list of (budget, r, s, injection, bptt_k) rows in a CSV: the paper's grids come
-from runs/paper/grids.csv, ours from runs/prose_grids.csv (and runs/cpu_grids.csv's smoke test).
-A sweep writes one JSON record per run into its folder.  Restarting skips finished records (ok or
+A sweep runs a named study (`looped.studies.registry`) and writes one JSON record per run into its folder.  Restarting skips finished records (ok or
 diverged), resumes an interrupted run from its checkpoint and retries failed ones; records and
 checkpoints are written atomically, so a kill at any moment costs at most one checkpoint
 interval of one run.
@@ -14,181 +12,16 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
-from .config import DEFAULT_SEED, REPO, ConfigError, get_preset, model_config, run_name
-from .estimate import DEFAULT_GPU, DEFAULT_GPU_MFU, GPU_SPECS, cpu_estimate, detect_gpu, gpu_plan
-from .estimate import plan  # noqa: F401  (chapters 5 and 6 price the paper's case studies as sweep.plan)
-
-GRID_FILES = {"paper": REPO / "runs" / "paper" / "grids.csv", "cpu": REPO / "runs" / "cpu_grids.csv",
-              "gpu": REPO / "runs" / "gpu_grids.csv", "prose": REPO / "runs" / "prose_grids.csv"}
-# study name -> (grid file key, study column value, preset)
-STUDIES = {
-    "paper-main": ("paper", "main", "paper"),
-    "paper-truncated": ("paper", "truncated_bptt", "paper"),
-    "paper-hyper": ("paper", "hyperconnections", "paper"),
-    # Our CPU study in the law's regime and its case studies (runs/prose_grids.csv).
-    "cpu-main": ("prose", "main", "prose"),
-    "cpu-truncated": ("prose", "truncated_bptt", "prose"),
-    "cpu-hyper": ("prose", "hyperconnections", "prose"),
-    "cpu-smoke": ("cpu", "smoke", "cpu"),
-    "gpu-main": ("gpu", "main", "paper"),
-    "prose-pilot": ("prose", "pilot", "prose"),
-    "prose-lr": ("prose", "lr", "prose"),
-    "prose-seeds": ("prose", "seeds", "prose"),
-    "prose-batch": ("prose", "batch", "prose"),
-    # Issue 25's runs: r = 1 controls for the case studies, truncated runs at their pair's token
-    # count, seeds 43/44 (with their own data order) in every arm, and a fifth main budget.
-    "cpu-controls": ("prose", "controls", "prose"),
-    "cpu-matched": ("prose", "truncated_matched", "prose"),
-    "cpu-replicates": ("prose", "replicates", "prose"),
-    "cpu-drift": ("prose", "drift", "prose"),
-}
-
-
-class SweepError(RuntimeError):
-    pass
-
-
-@dataclass(frozen=True)
-class Run:
-    study: str
-    preset: str
-    budget: float
-    r: int
-    s: float
-    injection: str
-    lanes: int
-    bptt_k: int | None
-    lr_scale: float | None = None  # optional grid column: an LR sweep's multiplier (None: the preset's)
-    seed: int = DEFAULT_SEED  # optional grid column: a seed-noise study's seed
-    batch_tokens: int | None = None  # optional grid column: tokens per step (None: the preset's)
-    data_order: int | None = None  # optional grid column: seed of the data order (None: fixed order)
-    match_tokens: bool = False  # optional grid column: train for the tokens the untruncated model
-                                # gets at this budget (so a truncated run's pair differs only in N_eff)
-
-    def train_config(self, **kw):
-        from .train import TrainConfig
-        return TrainConfig(preset=self.preset, r=self.r, s=self.s, injection=self.injection, lanes=self.lanes,
-                           bptt_k=self.bptt_k, budget=self.budget, steps=self.steps, study=self.study,
-                           lr_scale=self.lr_scale, seed=self.seed, batch_tokens=self.batch_tokens,
-                           data_order=self.data_order, **kw)
-
-    @property
-    def steps(self) -> int | None:
-        """Set only for matched-token runs: the steps of the same model with full backprop."""
-        if not self.match_tokens:
-            return None
-        from .accounting import steps_for_budget
-        full = model_config(self.preset, r=self.r, s=self.s, injection=self.injection, lanes=self.lanes)
-        return steps_for_budget(full, self.budget, self.tokens_per_step)
-
-    def model_config(self):
-        return model_config(self.preset, r=self.r, s=self.s, injection=self.injection, lanes=self.lanes,
-                            bptt_k=self.bptt_k)
-
-    @property
-    def tokens_per_step(self) -> int:
-        return self.batch_tokens or get_preset(self.preset).batch_tokens
-
-    @property
-    def run_id(self) -> str:
-        return run_name(self.model_config(), self.budget, self.steps, lr_scale=self.lr_scale, seed=self.seed,
-                        batch_tokens=self.batch_tokens, data_order=self.data_order)
-
-
-def parse_injection(name: str) -> tuple[str, int]:
-    """Grid spelling -> (injection, lanes): 'hyperconnect_2lanes' -> ('hyperconnect', 2)."""
-    if name.startswith("hyperconnect"):
-        digits = "".join(ch for ch in name if ch.isdigit())
-        return "hyperconnect", int(digits or 2)
-    return name, 2
-
-
-GRID_COLUMNS = ("study", "budget_flops", "r", "s", "injection", "bptt_k")
-# + optional lr_scale, seed, batch_tokens, data_order, match_tokens
-
-
-def load_study(name: str, grid: str | Path | None = None, preset: str = "cpu") -> list[Run]:
-    """The runs of a named study; or, with `grid` (a CSV with GRID_COLUMNS), the rows of that
-    file whose study column is `name`, trained with `preset`."""
-    if grid is None:
-        if name not in STUDIES:
-            raise SweepError(f"unknown study {name!r}; choose from {', '.join(STUDIES)}")
-        key, column_value, preset = STUDIES[name]
-        grid = GRID_FILES[key]
-    else:
-        column_value = name
-        get_preset(preset)  # ConfigError for an unknown preset
-    try:
-        table = pd.read_csv(grid)
-    except (OSError, ValueError) as e:
-        raise SweepError(f"cannot read grid {grid}: {e}") from None
-    missing = [c for c in GRID_COLUMNS if c not in table.columns]
-    if missing:
-        raise SweepError(f"grid {grid} lacks column(s) {', '.join(missing)}")
-    rows = table[table.study == column_value]
-    if rows.empty:
-        raise SweepError(f"grid {grid} has no rows with study {column_value!r}")
-    runs = []
-    for row in rows.itertuples():
-        injection, lanes = parse_injection(row.injection)
-        k = int(row.bptt_k)
-        extra = {}
-        if "lr_scale" in table.columns and pd.notna(row.lr_scale):
-            extra["lr_scale"] = float(row.lr_scale)
-        if "seed" in table.columns and pd.notna(row.seed):
-            extra["seed"] = int(row.seed)
-        if "batch_tokens" in table.columns and pd.notna(row.batch_tokens):
-            extra["batch_tokens"] = int(row.batch_tokens)
-        if "data_order" in table.columns and pd.notna(row.data_order):
-            extra["data_order"] = int(row.data_order)
-        if "match_tokens" in table.columns and pd.notna(row.match_tokens):
-            extra["match_tokens"] = bool(int(row.match_tokens))
-        runs.append(Run(name, preset, float(row.budget_flops), int(row.r), float(row.s), injection, lanes,
-                        None if k >= row.r else k, **extra))
-    # Records are keyed by run_id (budget to 3 significant digits): two different rows with one
-    # id would silently share a record, the second skipped as done.  This also validates every
-    # row's architecture (ConfigError) before anything runs.
-    seen: dict[str, Run] = {}
-    for run in runs:
-        other = seen.setdefault(run.run_id, run)
-        if other != run:
-            raise SweepError(f"grid rows {other} and {run} share the run id {run.run_id!r}")
-    return runs
-
-
-def record_status(path: Path) -> str | None:
-    """'ok' / 'diverged' / 'failed' for a readable record, 'corrupt' for an unreadable one."""
-    if not path.exists():
-        return None
-    try:
-        return json.loads(path.read_text()).get("status", "corrupt")
-    except (OSError, ValueError):
-        return "corrupt"
-
-
-def run_state(out: Path, run_id: str) -> str:
-    """What a dry run shows for one run: its record's status, 'running' while another process
-    holds its lock, else ''.  Looks without creating anything."""
-    status = record_status(Path(out) / f"{run_id}.json")
-    if status:
-        return status
-    lock = Path(out) / "ckpt" / f"{run_id}.lock"
-    if not lock.exists():
-        return ""
-    import fcntl
-    try:
-        with open(lock) as handle:
-            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return "running"
-    except OSError:
-        pass
-    return ""
+from ..config import REPO, ConfigError, get_preset
+from ..io import atomic_write_json
+from ..memory import GPU_SPECS
+from ..records import RecordError, read_records, record_status, run_state
+from .estimate import DEFAULT_GPU, DEFAULT_GPU_MFU, cpu_estimate, detect_gpu, gpu_plan
+from .registry import GRID_COLUMNS, STUDIES, Run, SweepError, load_study
 
 
 def sweep(study: str, out: str | Path, shard: tuple[int, int] = (0, 1), checkpoint_every: int = 25,
@@ -198,7 +31,7 @@ def sweep(study: str, out: str | Path, shard: tuple[int, int] = (0, 1), checkpoi
 
     `grid`/`preset` run an ad-hoc grid file instead of a named study (see load_study);
     `budgets`/`sizes` restrict the study to those budgets and widths s (None: all)."""
-    from .train import train  # torch only when training
+    from ..train import train  # torch only when training
     out = Path(out)
     runs = [run for run in load_study(study, grid, preset)
             if (budgets is None or any(abs(run.budget / b - 1) < 1e-6 for b in budgets))
@@ -233,7 +66,7 @@ def sweep(study: str, out: str | Path, shard: tuple[int, int] = (0, 1), checkpoi
         except KeyboardInterrupt:
             raise
         except Exception as e:  # one broken run must not cost the sweep; say what broke
-            from .train import Dist, atomic_write_json
+            from ..dist import Dist  # torch only when a run has failed
             if Dist().main:
                 atomic_write_json(path, {"schema": 1, "study": study, "run_id": run.run_id, "status": "failed",
                                          "error": f"{type(e).__name__}: {e}", "r": run.r, "s": run.s,
@@ -284,7 +117,6 @@ def adopt_records(runs: list[Run], out: str | Path, sources) -> list[str]:
     Identical means the same model config, budget, tokens per step, seed and effective LR
     multiplier; the copy names its origin in `copied_from` (so timing fits count it once) and a
     record already in `out` is never replaced.  Returns the adopted run ids."""
-    from .train import atomic_write_json
     out, adopted = Path(out), []
     for run in runs:
         if record_status(out / f"{run.run_id}.json") is not None:
@@ -307,29 +139,6 @@ def adopt_records(runs: list[Run], out: str | Path, sources) -> list[str]:
     return adopted
 
 
-# ----------------------------------------------------------------------------- runs tables
-
-COLUMNS = ["run_id", "study", "status", "budget", "r", "s", "injection", "bptt_k", "d_model", "n", "n_once",
-           "n_rec", "flops_per_token", "tokens", "steps", "loss", "wall_seconds", "tokens_per_s", "mfu",
-           "lr_scale", "seed", "batch_tokens", "data_order"]
-
-
-def read_records(folder: str | Path) -> pd.DataFrame:
-    """All run records of a folder as one table (every status; unreadable files reported)."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise SweepError(f"{folder} is not a folder of run records")
-    rows = []
-    for path in sorted(folder.glob("*.json")):
-        try:
-            rec = json.loads(path.read_text())
-        except (OSError, ValueError):
-            rows.append({"run_id": path.stem, "status": "corrupt"})
-            continue
-        if isinstance(rec, dict) and "run_id" in rec:
-            rows.append({c: rec.get(c) for c in COLUMNS})
-    return pd.DataFrame(rows, columns=COLUMNS)
-
 
 def runs_main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="looped runs", description="A study's runs table; --csv exports it for `looped fit`.")
@@ -338,7 +147,7 @@ def runs_main(argv=None) -> int:
     a = ap.parse_args(argv)
     try:
         table = pd.concat([read_records(f) for f in a.folders], ignore_index=True)
-    except SweepError as e:
+    except (SweepError, RecordError) as e:
         print(f"looped runs: error: {e}", file=sys.stderr)
         return 2
     with pd.option_context("display.max_rows", 500, "display.width", 200):
@@ -479,7 +288,7 @@ def main(argv=None) -> int:
             print(f"{a.study}: adopted {len(adopted)} finished run(s) from {', '.join(a.reuse)}")
         table = sweep(a.study, out, (i, n), a.checkpoint_every, quiet=not a.verbose, grid=a.grid,
                       preset=a.preset, budgets=budgets, **train_kw)
-    except (SweepError, ConfigError) as e:
+    except (SweepError, RecordError, ConfigError) as e:
         print(f"looped sweep: error: {e}", file=sys.stderr)
         return 2
     print(f"{a.study}: " + ", ".join(f"{k} {v}" for k, v in table.status.value_counts().items()))
@@ -532,7 +341,7 @@ def _dry_run(a, runs: list[Run], out: Path, i: int, n: int) -> int:
             label, peak, memory_bytes = detected
             source = "the visible GPU"
             if peak != peak:  # unknown part: measure a large GEMM
-                from .train import matmul_peak
+                from ..train import matmul_peak
                 peak = matmul_peak(torch.device("cuda"), torch.bfloat16, n=8192)
         else:
             label, (peak, memory_bytes) = DEFAULT_GPU, GPU_SPECS[DEFAULT_GPU]
@@ -553,7 +362,7 @@ def _dry_run(a, runs: list[Run], out: Path, i: int, n: int) -> int:
               f"{'fixed' if a.micro_batch else 'automatic'} for {mem / 1e9:.0f} GB per GPU "
               f"(peak memory predicted by looped.memory, eager bf16)")
         return 0
-    from .train import matmul_peak
+    from ..train import matmul_peak
     peak = matmul_peak(torch.device("cpu"), torch.float32)
     mfu = a.mfu if a.mfu is not None else 0.3
     est = cpu_estimate(mine, out, peak, mfu, timing_from=a.timing_from, processes=a.processes if n == 1 else 1)

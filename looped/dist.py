@@ -1,4 +1,4 @@
-"""Distributed helpers that must not hit a collective timeout.
+"""torchrun's processes (`Dist`) and the one wait that must not hit a collective timeout.
 
 `prepare_once`: under torchrun, rank 0 builds (or opens) a preset's dataset while the other
 ranks wait.  A plain `dist.barrier()` on the NCCL group would time out after the process
@@ -9,8 +9,14 @@ instead of leaving them to hang.
 """
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from . import data
 
 PREPARE_TIMEOUT_S = 12 * 3600  # a full FineWeb-Edu tokenization on one node fits easily
 
@@ -22,9 +28,6 @@ def prepare_once(preset, data_dir=None, timeout_s: float = PREPARE_TIMEOUT_S, pr
     folder must be visible to every rank (one node, or a shared file system); the other
     ranks check it (`data.prepare` finds the finished build and returns at once).
     `prepare` replaces data.prepare (tests)."""
-    import torch.distributed as dist
-
-    from . import data
     prepare = prepare or data.prepare
     if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
         return Path(prepare(preset, data_dir=data_dir))
@@ -45,3 +48,34 @@ def prepare_once(preset, data_dir=None, timeout_s: float = PREPARE_TIMEOUT_S, pr
     if status != "ok":
         raise data.DataError(f"rank 0 could not prepare the {preset} dataset: {value}")
     return Path(prepare(preset, data_dir=data_dir)) if dist.get_rank() else Path(value)
+
+
+class Dist:
+    """torchrun's environment, or a single process."""
+
+    def __init__(self):
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        if torch.cuda.is_available():
+            self.device = torch.device("cuda", self.local_rank)
+            torch.cuda.set_device(self.device)
+        else:
+            self.device = torch.device("cpu")
+        if self.world > 1 and not dist.is_initialized():
+            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def mean(self, x: float) -> float:
+        if self.world == 1:
+            return x
+        t = torch.tensor([x], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return t.item() / self.world
+
+    def barrier(self):
+        if self.world > 1:
+            dist.barrier()

@@ -1,0 +1,32 @@
+"""Atomic writes: a reader (or a restarted sweep) sees the old file or the new one, never half of one."""
+from __future__ import annotations
+
+import json
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+
+@contextmanager
+def atomic_open(path):
+    """A binary file that replaces `path` only once the block finishes (written, flushed, fsynced)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write_bytes(path, payload: bytes):
+    with atomic_open(path) as f:
+        f.write(payload)
+
+
+def atomic_write_json(path, obj, **dump_kw):
+    atomic_write_bytes(path, (json.dumps(obj, **{"indent": 1, **dump_kw}) + "\n").encode())

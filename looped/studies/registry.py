@@ -1,0 +1,151 @@
+"""Named studies: grids as data (CSV rows of budget, r, s, injection, bptt_k and options).
+
+The paper's grids are in runs/paper/grids.csv, ours in runs/prose_grids.csv (and the smoke test
+in runs/cpu_grids.csv).  `load_study` turns a study's rows into `Run`s, validating every
+architecture before anything trains.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from ..config import DEFAULT_SEED, REPO, get_preset, model_config, run_name
+
+GRID_FILES = {"paper": REPO / "runs" / "paper" / "grids.csv", "cpu": REPO / "runs" / "cpu_grids.csv",
+              "gpu": REPO / "runs" / "gpu_grids.csv", "prose": REPO / "runs" / "prose_grids.csv"}
+# study name -> (grid file key, study column value, preset)
+STUDIES = {
+    "paper-main": ("paper", "main", "paper"),
+    "paper-truncated": ("paper", "truncated_bptt", "paper"),
+    "paper-hyper": ("paper", "hyperconnections", "paper"),
+    # Our CPU study in the law's regime and its case studies (runs/prose_grids.csv).
+    "cpu-main": ("prose", "main", "prose"),
+    "cpu-truncated": ("prose", "truncated_bptt", "prose"),
+    "cpu-hyper": ("prose", "hyperconnections", "prose"),
+    "cpu-smoke": ("cpu", "smoke", "cpu"),
+    "gpu-main": ("gpu", "main", "paper"),
+    "prose-pilot": ("prose", "pilot", "prose"),
+    "prose-lr": ("prose", "lr", "prose"),
+    "prose-seeds": ("prose", "seeds", "prose"),
+    "prose-batch": ("prose", "batch", "prose"),
+    # Issue 25's runs: r = 1 controls for the case studies, truncated runs at their pair's token
+    # count, seeds 43/44 (with their own data order) in every arm, and a fifth main budget.
+    "cpu-controls": ("prose", "controls", "prose"),
+    "cpu-matched": ("prose", "truncated_matched", "prose"),
+    "cpu-replicates": ("prose", "replicates", "prose"),
+    "cpu-drift": ("prose", "drift", "prose"),
+}
+
+
+class SweepError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Run:
+    study: str
+    preset: str
+    budget: float
+    r: int
+    s: float
+    injection: str
+    lanes: int
+    bptt_k: int | None
+    lr_scale: float | None = None  # optional grid column: an LR sweep's multiplier (None: the preset's)
+    seed: int = DEFAULT_SEED  # optional grid column: a seed-noise study's seed
+    batch_tokens: int | None = None  # optional grid column: tokens per step (None: the preset's)
+    data_order: int | None = None  # optional grid column: seed of the data order (None: fixed order)
+    match_tokens: bool = False  # optional grid column: train for the tokens the untruncated model
+                                # gets at this budget (so a truncated run's pair differs only in N_eff)
+
+    def train_config(self, **kw):
+        from ..train import TrainConfig
+        return TrainConfig(preset=self.preset, r=self.r, s=self.s, injection=self.injection, lanes=self.lanes,
+                           bptt_k=self.bptt_k, budget=self.budget, steps=self.steps, study=self.study,
+                           lr_scale=self.lr_scale, seed=self.seed, batch_tokens=self.batch_tokens,
+                           data_order=self.data_order, **kw)
+
+    @property
+    def steps(self) -> int | None:
+        """Set only for matched-token runs: the steps of the same model with full backprop."""
+        if not self.match_tokens:
+            return None
+        from ..accounting import steps_for_budget
+        full = model_config(self.preset, r=self.r, s=self.s, injection=self.injection, lanes=self.lanes)
+        return steps_for_budget(full, self.budget, self.tokens_per_step)
+
+    def model_config(self):
+        return model_config(self.preset, r=self.r, s=self.s, injection=self.injection, lanes=self.lanes,
+                            bptt_k=self.bptt_k)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_tokens or get_preset(self.preset).batch_tokens
+
+    @property
+    def run_id(self) -> str:
+        return run_name(self.model_config(), self.budget, self.steps, lr_scale=self.lr_scale, seed=self.seed,
+                        batch_tokens=self.batch_tokens, data_order=self.data_order)
+
+
+def parse_injection(name: str) -> tuple[str, int]:
+    """Grid spelling -> (injection, lanes): 'hyperconnect_2lanes' -> ('hyperconnect', 2)."""
+    if name.startswith("hyperconnect"):
+        digits = "".join(ch for ch in name if ch.isdigit())
+        return "hyperconnect", int(digits or 2)
+    return name, 2
+
+
+GRID_COLUMNS = ("study", "budget_flops", "r", "s", "injection", "bptt_k")
+# + optional lr_scale, seed, batch_tokens, data_order, match_tokens
+
+
+def load_study(name: str, grid: str | Path | None = None, preset: str = "cpu") -> list[Run]:
+    """The runs of a named study; or, with `grid` (a CSV with GRID_COLUMNS), the rows of that
+    file whose study column is `name`, trained with `preset`."""
+    if grid is None:
+        if name not in STUDIES:
+            raise SweepError(f"unknown study {name!r}; choose from {', '.join(STUDIES)}")
+        key, column_value, preset = STUDIES[name]
+        grid = GRID_FILES[key]
+    else:
+        column_value = name
+        get_preset(preset)  # ConfigError for an unknown preset
+    try:
+        table = pd.read_csv(grid)
+    except (OSError, ValueError) as e:
+        raise SweepError(f"cannot read grid {grid}: {e}") from None
+    missing = [c for c in GRID_COLUMNS if c not in table.columns]
+    if missing:
+        raise SweepError(f"grid {grid} lacks column(s) {', '.join(missing)}")
+    rows = table[table.study == column_value]
+    if rows.empty:
+        raise SweepError(f"grid {grid} has no rows with study {column_value!r}")
+    runs = []
+    for row in rows.itertuples():
+        injection, lanes = parse_injection(row.injection)
+        k = int(row.bptt_k)
+        extra = {}
+        if "lr_scale" in table.columns and pd.notna(row.lr_scale):
+            extra["lr_scale"] = float(row.lr_scale)
+        if "seed" in table.columns and pd.notna(row.seed):
+            extra["seed"] = int(row.seed)
+        if "batch_tokens" in table.columns and pd.notna(row.batch_tokens):
+            extra["batch_tokens"] = int(row.batch_tokens)
+        if "data_order" in table.columns and pd.notna(row.data_order):
+            extra["data_order"] = int(row.data_order)
+        if "match_tokens" in table.columns and pd.notna(row.match_tokens):
+            extra["match_tokens"] = bool(int(row.match_tokens))
+        runs.append(Run(name, preset, float(row.budget_flops), int(row.r), float(row.s), injection, lanes,
+                        None if k >= row.r else k, **extra))
+    # Records are keyed by run_id (budget to 3 significant digits): two different rows with one
+    # id would silently share a record, the second skipped as done.  This also validates every
+    # row's architecture (ConfigError) before anything runs.
+    seen: dict[str, Run] = {}
+    for run in runs:
+        other = seen.setdefault(run.run_id, run)
+        if other != run:
+            raise SweepError(f"grid rows {other} and {run} share the run id {run.run_id!r}")
+    return runs

@@ -1,0 +1,542 @@
+"""How robust is phi?  The joint law refitted under other accountings, subsets and freer forms,
+per budget, against the seed noise, and on synthetic data from a known law.
+
+    L = E + A (N_once + kappa r^phi N_rec)^(-alpha) + B D^(-beta)      (kappa = 1: the paper's law)
+
+robustness_table (variants), phi_vs_compute (per budget, windows, the paper's minima, trend),
+goodness_of_fit (seed SD, lack-of-fit F, residual patterns, leave-one-budget-out),
+synthetic_recovery (bias, SD, coverage of phi); `python -m looped.studies.robustness --out F`.
+Numbers only.  Forms `looped.fit` can express (transformed columns, subsets) are fitted by it;
+the others (several phis, a free kappa) by `fit_multi`: the same Huber-LSE objective from a warm
+start at the nested `looped.fit` optimum plus random starts, batched Levenberg-Marquardt then
+scipy L-BFGS-B, block bootstrap over (budget, r) cells.  Residuals: observed - predicted loss, nats.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+from scipy.optimize import minimize
+
+from looped import accounting as acc
+from looped.config import REPO, model_config
+from looped.fit import FitError, fit, load_runs, validate_runs
+from looped.solver import HI, HUBER_DELTA, LAW_PARAMS, LO, POLISH_OPTIONS, RunArrays, law_loss
+
+PAPER_DIR = REPO / "runs" / "paper"
+CONFIG = ("budget", "r", "s", "injection", "bptt_k")        # a replicate group: same config, other seed
+FIVE = ("A", "alpha", "B", "beta", "E")
+LOG_KAPPA_BOX = (-5.0, 5.0)
+NAN2 = (math.nan, math.nan)
+
+
+# ----------------------------------------------------------------------------- inputs
+
+def check_runs(df, need=("budget",)) -> pd.DataFrame:
+    """validate_runs plus the columns these studies need; FitError (one line) otherwise."""
+    if df is None or len(df) == 0:
+        raise FitError("no runs: the table is empty")
+    df = validate_runs(df)
+    missing = [c for c in need if c not in df.columns]
+    if missing:
+        raise FitError(f"runs: missing column(s) {', '.join(missing)}")
+    return df
+
+
+def embedding_params(df, preset: str = "prose") -> np.ndarray:
+    """V d per run (padded vocabulary x width): one untied matrix, the LM head or the embedding."""
+    out = []
+    for _, x in df.iterrows():
+        if all(pd.notna(x.get(c)) for c in ("d_model", "vocab_size", "vocab_pad")):
+            out.append(math.ceil(x["vocab_size"] / x["vocab_pad"]) * x["vocab_pad"] * x["d_model"])
+        else:   # no accounting in the record: rebuild the model from its preset
+            cfg = model_config(x.get("preset", preset) if pd.notna(x.get("preset")) else preset, r=int(x["r"]),
+                               s=float(x["s"]), injection=x.get("injection") if pd.notna(x.get("injection")) else None)
+            out.append(cfg.padded_vocab * cfg.d_model)
+    return np.asarray(out, float)
+
+
+def count_embeddings(df, head: bool = True, embedding: bool = False, preset: str = "prose") -> pd.DataFrame:
+    """The runs with the LM head (and the embedding) counted in N_once."""
+    return df.assign(n_once=df["n_once"] + (int(head) + int(embedding)) * embedding_params(df, preset))
+
+
+def cell_position(df) -> tuple[np.ndarray, np.ndarray]:
+    """(rank by N within the run's (budget, r) cell, 0 = narrowest; the cell's size)."""
+    n, keys = df["n_once"] + df["n_rec"], [df["budget"], df["r"]]
+    return n.groupby(keys).rank(method="first").to_numpy(int) - 1, n.groupby(keys).transform("size").to_numpy()
+
+
+def cell_interiors(df) -> pd.DataFrame:
+    """Each cell without its narrowest and widest run (the parabola's arms)."""
+    pos, size = cell_position(df)
+    return df[(pos > 0) & (pos < size - 1)].reset_index(drop=True)
+
+
+def _cells(df) -> np.ndarray:
+    """(budget, r) cell of each run, numbered in sorted order (row order does not matter)."""
+    return df.groupby(["budget", "r"], sort=True).ngroup().to_numpy()
+
+
+def cell_bootstrap(df, rng, n_boot: int) -> np.ndarray:
+    """(n_boot, n) run multiplicities: (budget, r) cells drawn with replacement, as looped.fit."""
+    cell = _cells(df)
+    k = cell.max() + 1
+    return np.stack([np.bincount(rng.integers(0, k, k), minlength=k) for _ in range(n_boot)])[:, cell].astype(float)
+
+
+def _theta(law: dict) -> np.ndarray:
+    return np.array([math.log(law["A"]), law["alpha"], math.log(law["B"]), law["beta"], math.log(law["E"]), law["phi"]])
+
+
+def _residuals(res, df) -> np.ndarray:
+    return df["loss"].to_numpy(float) - law_loss(res.theta, RunArrays.from_frame(df))
+
+
+def _rmse(x) -> float:
+    return float(np.sqrt(np.mean(np.square(x))))
+
+
+def published_law(paper_dir=PAPER_DIR) -> dict:
+    row = pd.read_csv(Path(paper_dir) / "fits.csv").query("table == 'joint' and fit == 'phi_free'").iloc[0]
+    return {k: float(row[k]) for k in LAW_PARAMS}
+
+
+def paper_design(paper_dir=PAPER_DIR) -> pd.DataFrame:
+    """The paper's main grid with N_once, N_rec and D from looped.accounting (preset 'paper')."""
+    rows = []
+    for _, x in pd.read_csv(Path(paper_dir) / "grids.csv").query("study == 'main'").iterrows():
+        cfg = model_config("paper", r=int(x.r), s=float(x.s), injection=x.injection, bptt_k=int(x.bptt_k))
+        a = acc.summary(cfg, float(x.budget_flops))
+        rows.append({k: a[k] for k in ("budget", "r", "s", "n_once", "n_rec", "tokens", "injection", "bptt_k")})
+    return pd.DataFrame(rows)
+
+
+def paper_minima(paper_dir=PAPER_DIR) -> pd.DataFrame:
+    """The 24 published iso-FLOP minima as runs: N* split into N_once/N_rec at the (continuous)
+    width whose accounting gives N*, D = C / FLOPs per token at that width, loss = L*."""
+    rows = []
+    for _, x in pd.read_csv(Path(paper_dir) / "compute_optimal_minima.csv").iterrows():
+        cfg, lo, hi = model_config("paper", r=int(x.r), s=10), 1.0, 1e5
+        for _ in range(100):      # bisection on d: N* lies between the grid's widths
+            mid = 0.5 * (lo + hi)
+            lo, hi = (mid, hi) if acc.n_params(replace(cfg, d_model=mid)) < x.n_star_unique_millions * 1e6 else (lo, mid)
+        c = replace(cfg, d_model=0.5 * (lo + hi))
+        rows.append(dict(budget=float(x.budget_flops), r=int(x.r), n_once=acc.n_once(c), n_rec=acc.n_rec(c),
+                         tokens=float(x.budget_flops) / acc.flops_per_token(c), loss=float(x.loss_star_nats),
+                         d_model=c.d_model))
+    return pd.DataFrame(rows)
+
+
+# ----------------------------------------------------------------------------- several phis, kappa
+
+@dataclass
+class MultiFit:
+    """The law with phi_i = X_i . c (one c per column of X, named by `labels`) and, with kappa, a
+    free multiplier on r^phi N_rec.  params, ci (95% cell-bootstrap percentiles) in natural units;
+    n_valid: resamples in which a parameter is identified (its looped runs drawn)."""
+    params: dict
+    ci: dict
+    n_valid: dict
+    huber: float
+    r2: float
+    rmse: float
+    n_runs: int
+    theta: np.ndarray
+
+    def row(self, name: str) -> dict:
+        lo, hi = self.ci.get(name, NAN2)
+        return dict(phi=self.params[name], phi_lo=lo, phi_hi=hi, r2=self.r2, rmse=self.rmse, n_runs=self.n_runs,
+                    huber=self.huber)
+
+
+def _batch(TH, d: RunArrays, X, kappa: bool, W):
+    """For P parameter vectors (log A, alpha, log B, beta, log E, c_1..c_K[, log kappa]) at once:
+    the objective (P,), its gradient (P, p), the Gauss-Newton Hessian with IRLS curvature (the
+    majoriser of `looped.solver.objective`) (P, p, p) and rho = log pred - log L (P, n)."""
+    k = X.shape[1]
+    a, al, b, be, e = (TH[:, i:i + 1] for i in range(5))
+    m = np.exp((TH[:, 5 + k:6 + k] if kappa else 0.0) + (TH[:, 5:5 + k] @ X.T) * d.logr) * d.n_rec
+    neff = d.n_once + m
+    x = np.log(neff)
+    u1, u2, u3 = a - al * x, b - be * d.logD, np.broadcast_to(e, x.shape)
+    top = np.maximum(np.maximum(u1, u2), u3)
+    w1, w2, w3 = np.exp(u1 - top), np.exp(u2 - top), np.exp(u3 - top)
+    tot = w1 + w2 + w3
+    rho = top + np.log(tot) - d.logL
+    ar = np.abs(rho)
+    f = (W * np.where(ar <= HUBER_DELTA, 0.5 * rho * rho, HUBER_DELTA * (ar - 0.5 * HUBER_DELTA))).sum(1)
+    w1, w2, w3 = w1 / tot, w2 / tot, w3 / tot
+    t = -al * w1 * m / neff                                                      # d rho / d log(kappa r^phi)
+    J = np.stack([w1, -w1 * x, w2, -w2 * d.logD, w3, *(t * d.logr * X[:, j] for j in range(k)), *[t] * kappa], 2)
+    g = np.einsum("pn,pnj->pj", W * np.clip(rho, -HUBER_DELTA, HUBER_DELTA), J)
+    H = np.einsum("pni,pn,pnj->pij", J, W * np.minimum(1.0, HUBER_DELTA / np.maximum(ar, 1e-300)), J)
+    return f, g, H, rho
+
+
+def _polish(th0, d, X, kappa, w, free, lo, hi):
+    """scipy L-BFGS-B on the free parameters, the paper's local solver (looped.solver's options)."""
+    fi, base = np.flatnonzero(free), np.clip(th0, lo, hi)
+
+    def fun(v):
+        th = base.copy()
+        th[fi] = v
+        f, g, _, _ = _batch(th[None], d, X, kappa, w[None])
+        return f[0], g[0, fi]
+
+    res = minimize(fun, base[fi], jac=True, method="L-BFGS-B", bounds=list(zip(lo[fi], hi[fi])), options=POLISH_OPTIONS)
+    th = base.copy()
+    th[fi] = res.x
+    return th, float(res.fun)
+
+
+def _solve(starts, group, W, d, X, kappa, free, lo, hi, polish, maxiter=400, prune=1.0):
+    """Box-projected Levenberg-Marquardt from every start at once (row j of W: the resample of
+    start j); after 10 iterations starts worse than (1 + prune) x their group's best are stopped
+    for good (as looped.solver prunes); the `polish` best others of each group polished by
+    L-BFGS-B.  Returns [(theta, f)] per group."""
+    span, eye = hi - lo, np.eye(len(lo))
+    z = np.clip((starts - lo) / span, 0, 1)
+    f, g, H, _ = _batch(lo + z * span, d, X, kappa, W)
+    lam, active, alive = np.full(len(z), 1e-3), np.ones(len(z), bool), np.ones(len(z), bool)
+    for it in range(maxiter):
+        i = np.flatnonzero(active)
+        if not len(i):
+            break
+        gi, Hi, zi = g[i] * span, H[i] * np.outer(span, span), z[i]
+        fr = free & ~(((zi <= 0) & (gi > 0)) | ((zi >= 1) & (gi < 0)))           # not pushed out of the box
+        M = np.where(fr[:, :, None] & fr[:, None, :], Hi, 0) + eye * (~fr)[:, :, None]
+        M = M + lam[i, None, None] * eye * (np.diagonal(M, axis1=1, axis2=2)[:, None, :] + 1e-12)
+        zn = np.clip(zi + np.where(fr, np.linalg.solve(M, -np.where(fr, gi, 0)[..., None])[..., 0], 0), 0, 1)
+        fn, gn, Hn, _ = _batch(lo + zn * span, d, X, kappa, W[i])
+        ok = fn < f[i]
+        rel = (f[i] - fn) / np.maximum(f[i], 1e-300)
+        z[i[ok]], g[i[ok]], H[i[ok]], f[i[ok]] = zn[ok], gn[ok], Hn[ok], fn[ok]
+        lam[i] = np.clip(np.where(ok, lam[i] / 3, lam[i] * 4), 1e-12, 1e12)
+        active[i[(ok & (rel < 1e-12)) | (lam[i] >= 1e12)]] = False
+        if it >= 10:
+            best = np.full(group.max() + 1, np.inf)
+            np.minimum.at(best, group, f)
+            alive &= f <= best[group] * (1 + prune)
+            active &= alive
+    out = []
+    for gi in range(group.max() + 1):
+        idx = np.flatnonzero((group == gi) & alive)
+        out.append(min((_polish(lo + z[j] * span, d, X, kappa, W[j], free, lo, hi) for j in idx[np.argsort(f[idx])[:polish]]),
+                       key=lambda t: t[1]))
+    return out
+
+
+def fit_multi(df, X, labels, kappa=False, restarts=64, seed=0, bootstrap=0, boot_restarts=4, fix=None) -> MultiFit:
+    """Fit L = E + A (N_once + kappa r^(X_i . c) N_rec)^-alpha + B D^-beta (kappa = 1 unless
+    `kappa`) from the nested looped.fit optimum (one phi) and `restarts` uniform starts in the
+    paper's box (c in phi's box, log kappa in LOG_KAPPA_BOX); each resample from the full-data
+    optimum and `boot_restarts` uniform starts.  fix: some of A, alpha, B, beta, E held."""
+    df, X = check_runs(df, need=()), np.asarray(X, float)
+    if len(X) != len(df):   # validate_runs dropped runs (status not ok): X no longer lines up
+        raise FitError(f"X has {len(X)} rows for {len(df)} valid runs")
+    X = X.reshape(len(df), -1)
+    d, k = RunArrays.from_frame(df), X.shape[1]
+    names = [*FIVE, *labels, *["kappa"] * kappa]
+    lo = np.r_[LO[:5], np.full(k, LO[5]), [LOG_KAPPA_BOX[0]] * kappa]
+    hi = np.r_[HI[:5], np.full(k, HI[5]), [LOG_KAPPA_BOX[1]] * kappa]
+    fixed = {FIVE.index(n): (math.log(v) if n in ("A", "B", "E") else v) for n, v in (fix or {}).items()}
+    free = ~np.isin(np.arange(len(names)), list(fixed))
+    rng_s, rng_b, rng_bs = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3))
+
+    def uniform(rng, n):
+        th = lo + rng.uniform(size=(n, len(lo))) * (hi - lo)
+        th[:, list(fixed)] = list(fixed.values())
+        return th
+
+    looped = (d.logr > 0) & (d.n_rec > 0)
+    nested = fit(df, restarts=max(restarts, 50), seed=seed, fix=fix)
+    c = np.linalg.lstsq(X[looped], np.full(looped.sum(), nested.phi), rcond=None)[0]
+    starts = np.vstack([np.r_[nested.theta[:5], c, [0.0] * kappa], uniform(rng_s, restarts)])
+    ((theta, f),) = _solve(starts, np.zeros(len(starts), int), np.ones((len(starts), len(df))), d, X, kappa,
+                           free, lo, hi, polish=3)
+    nat = lambda t: np.r_[np.exp(t[0]), t[1], np.exp(t[2]), t[3], np.exp(t[4]), t[5:5 + k], np.exp(t[5 + k:])]
+    ci, n_valid = {}, {}
+    if bootstrap:
+        W, per = cell_bootstrap(df, rng_b, bootstrap), 1 + boot_restarts
+        starts = np.vstack([np.vstack([theta, uniform(rng_bs, boot_restarts)]) for _ in range(bootstrap)])
+        T = np.array([nat(t) for t, _ in _solve(starts, np.repeat(np.arange(bootstrap), per), np.repeat(W, per, 0),
+                                                d, X, kappa, free, lo, hi, polish=1)])
+        seen = (W * looped) @ np.abs(X) > 0                    # (B, k): a c with no looped run drawn is free
+        for i in np.flatnonzero(free):
+            ok = seen[:, i - 5] if 5 <= i < 5 + k else np.ones(bootstrap, bool)
+            n_valid[names[i]] = int(ok.sum())
+            ci[names[i]] = tuple(map(float, np.percentile(T[ok, i], [2.5, 97.5]))) if ok.any() else NAN2
+    resid = d.loss - d.loss * np.exp(_batch(theta[None], d, X, kappa, np.ones((1, len(df))))[3][0])
+    return MultiFit(dict(zip(names, map(float, nat(theta)))), ci, n_valid, f,
+                    1 - float(resid @ resid) / float(((d.loss - d.loss.mean()) ** 2).sum()), _rmse(resid), len(df), theta)
+
+
+def onehot(values, levels=None) -> tuple[np.ndarray, list]:
+    """Indicator columns, one per level (default: the sorted distinct values)."""
+    values = np.asarray(values, float)
+    levels = sorted(set(values)) if levels is None else list(levels)
+    return (values[:, None] == np.asarray(levels, float)[None, :]).astype(float), levels
+
+
+# ----------------------------------------------------------------------------- 1. variants
+
+def _row(res, df) -> dict:
+    lo, hi = res.ci.get("phi", NAN2)
+    return dict(phi=res.phi, phi_lo=lo, phi_hi=hi, r2=res.r2, rmse=_rmse(_residuals(res, df)),
+                n_runs=len(df), huber=res.huber)
+
+
+def robustness_table(df, restarts=500, bootstrap=200, seed=0, boot_restarts=None, multi_restarts=200,
+                     multi_boot_restarts=8, preset="prose") -> pd.DataFrame:
+    """One row per variant: variant, phi, phi_lo, phi_hi (95% cell-bootstrap percentiles), r2 (raw
+    nats), rmse (loss-space residual RMSE, nats), n_runs, huber, kappa, kappa_lo, kappa_hi."""
+    df = check_runs(df)
+    b = sorted(df["budget"].unique())
+    subsets = {"paper": df, "head_in_n_once": count_embeddings(df, preset=preset),
+               "embedding_and_head_in_n_once": count_embeddings(df, embedding=True, preset=preset),
+               **{f"without_r{r}": df[df["r"] != r] for r in (2, 8) if (df["r"] == r).any()},
+               "without_lowest_budget": df[df["budget"] != b[0]], "without_highest_budget": df[df["budget"] != b[-1]],
+               "cell_interiors": cell_interiors(df)}
+    rows = [dict(variant=name, **_row(fit(sub.reset_index(drop=True), restarts=restarts, seed=seed, bootstrap=bootstrap,
+                                          boot_restarts=boot_restarts), sub)) for name, sub in subsets.items()]
+    kw = dict(restarts=multi_restarts, seed=seed, bootstrap=bootstrap, boot_restarts=multi_boot_restarts)
+    X, levels = onehot(df["r"], sorted(v for v in df["r"].unique() if v > 1))
+    m = fit_multi(df, X, [f"phi_{v:g}" for v in levels], **kw)
+    rows += [dict(variant=f"per_r_phi_{v:g}", **m.row(f"phi_{v:g}")) for v in levels]
+    m = fit_multi(df, np.ones((len(df), 1)), ["phi"], kappa=True, **kw)
+    rows.append(dict(variant="kappa_r_phi", **m.row("phi"), kappa=m.params["kappa"],
+                     **dict(zip(("kappa_lo", "kappa_hi"), m.ci.get("kappa", NAN2)))))
+    return pd.DataFrame(rows, columns=["variant", "phi", "phi_lo", "phi_hi", "r2", "rmse", "n_runs", "huber",
+                                       "kappa", "kappa_lo", "kappa_hi"])
+
+
+# ----------------------------------------------------------------------------- 2. phi against compute
+
+def per_budget_phi(df, restarts=200, bootstrap=200, seed=0, boot_restarts=8, fix=None) -> pd.DataFrame:
+    """One phi per budget, the other five shared (one joint fit): budget, phi, phi_lo, phi_hi,
+    r2, rmse, n_runs (all budgets), huber, n_boot_valid (resamples with a looped cell of it)."""
+    df = check_runs(df)
+    X, budgets = onehot(df["budget"])
+    labels = [f"phi_C{v:g}" for v in budgets]
+    m = fit_multi(df, X, labels, restarts=restarts, seed=seed, bootstrap=bootstrap, boot_restarts=boot_restarts, fix=fix)
+    return pd.DataFrame([dict(budget=v, **m.row(lab), n_boot_valid=m.n_valid.get(lab, 0)) for v, lab in zip(budgets, labels)])
+
+
+def window_phi(df, width=2, restarts=500, bootstrap=200, seed=0, boot_restarts=None) -> pd.DataFrame:
+    """The law fitted to each `width` consecutive budgets: budget_lo, budget_hi, then _row's columns."""
+    df = check_runs(df)
+    b = sorted(df["budget"].unique())
+    subs = [df[df["budget"].isin(b[i:i + width])].reset_index(drop=True) for i in range(len(b) - width + 1)]
+    return pd.DataFrame([dict(budget_lo=s["budget"].min(), budget_hi=s["budget"].max(), **_row(
+        fit(s, restarts=restarts, seed=seed, bootstrap=bootstrap, boot_restarts=boot_restarts), s)) for s in subs])
+
+
+def phi_trend(df, restarts=200, bootstrap=200, seed=0, boot_restarts=8, fix=None) -> dict:
+    """phi_i = phi0 + phi1 log10(C_i), the other five shared.  phi_mid: phi at the mean log10 C of
+    the budgets (log10_c_centre).  phi1's interval: cell-bootstrap percentiles, and the
+    jackknife over budgets (SE; Student t with n_budgets - 1 df)."""
+    df = check_runs(df)
+    lb = np.log10(sorted(df["budget"].unique()))
+    centre = float(lb.mean())
+
+    def one(sub, boot):
+        X = np.column_stack([np.ones(len(sub)), np.log10(sub["budget"].to_numpy(float)) - centre])
+        return fit_multi(sub, X, ["phi_mid", "phi1"], restarts=restarts, seed=seed, bootstrap=boot,
+                         boot_restarts=boot_restarts, fix=fix)
+
+    m = one(df, bootstrap)
+    jack = np.array([one(df[np.log10(df["budget"]) != v].reset_index(drop=True), 0).params["phi1"] for v in lb]
+                    if len(lb) > 2 else [])
+    kb, p1 = len(jack), m.params["phi1"]
+    se = float(np.sqrt((kb - 1) / kb * ((jack - jack.mean()) ** 2).sum())) if kb > 1 else math.nan
+    t = stats.t.ppf(0.975, kb - 1) if kb > 1 else math.nan
+    return dict(phi_mid=m.params["phi_mid"], phi1=p1, phi0=m.params["phi_mid"] - p1 * centre, log10_c_centre=centre,
+                phi1_boot_lo=m.ci.get("phi1", NAN2)[0], phi1_boot_hi=m.ci.get("phi1", NAN2)[1], phi1_jack_se=se,
+                phi1_jack_lo=p1 - t * se, phi1_jack_hi=p1 + t * se, phi1_jack=jack.tolist(), n_budgets=len(lb),
+                n_runs=m.n_runs, r2=m.r2, rmse=m.rmse)
+
+
+def phi_vs_compute(df, restarts=500, bootstrap=200, seed=0, boot_restarts=None, multi_restarts=200,
+                   multi_boot_restarts=8, paper_dir=PAPER_DIR) -> dict:
+    """per_budget (our runs, per_budget_phi), windows (window_phi), paper_per_budget (the paper's
+    24 minima, its five other published parameters held: budget, phi, n_cells), trend (phi_trend,
+    one row per data set: 'ours', 'paper_minima')."""
+    df = check_runs(df)
+    kw = dict(restarts=multi_restarts, seed=seed, bootstrap=bootstrap, boot_restarts=multi_boot_restarts)
+    five = {k: v for k, v in published_law(paper_dir).items() if k in FIVE}
+    minima = paper_minima(paper_dir)
+    paper = [dict(budget=v, phi=fit(s.reset_index(drop=True), restarts=restarts, seed=seed, fix=five).phi, n_cells=len(s))
+             for v, s in minima.groupby("budget")]
+    return dict(per_budget=per_budget_phi(df, **kw),
+                windows=window_phi(df, restarts=restarts, bootstrap=bootstrap, seed=seed, boot_restarts=boot_restarts),
+                paper_per_budget=pd.DataFrame(paper),
+                trend=pd.DataFrame([dict(data="ours", **phi_trend(df, **kw)),
+                                    dict(data="paper_minima", **phi_trend(minima, fix=five, **kw))]))
+
+
+# ----------------------------------------------------------------------------- 3. goodness of fit
+
+def replicate_sd(*tables) -> dict:
+    """Pooled within-config SD of the loss over replicate groups (same budget, r, s, injection,
+    bptt_k; another seed or data order); a record in several tables counts once."""
+    runs = pd.concat([t for t in tables if t is not None and len(t)], ignore_index=True)
+    key = [c for c in CONFIG if c in runs.columns]
+    runs = runs.assign(**{c: runs[c] if c in runs.columns else math.nan for c in ("seed", "data_order")})
+    runs = runs.assign(_l=runs["loss"].round(12)).drop_duplicates([*key, "seed", "data_order", "_l"])
+    norm = lambda v: f"{v:g}" if isinstance(v, (int, float, np.number)) else str(v)   # 1 == 1.0 across tables
+    g = runs.groupby([runs[c].map(norm) for c in key])["loss"]
+    n, ss = g.size(), float(g.apply(lambda v: ((v - v.mean()) ** 2).sum()).sum())
+    dof = int((n[n > 1] - 1).sum())
+    return dict(seed_sd=math.sqrt(ss / dof) if dof else math.nan, df_pe=dof, n_groups=int((n > 1).sum()),
+                n_replicate_runs=int(n[n > 1].sum()))
+
+
+def _by(e, keys, name) -> pd.DataFrame:
+    g = pd.DataFrame({name: keys, "e": e}).groupby(name)["e"]
+    return pd.DataFrame({"n": g.size(), "mean": g.mean(), "se": g.std(ddof=1) / np.sqrt(g.size()),
+                         "rmse": g.apply(_rmse)}).reset_index()
+
+
+def goodness_of_fit(df, seed_df=None, restarts=500, seed=0, n_params=6) -> dict:
+    """summary: rmse, resid_sd = sqrt(SS / (n - n_params)), replicate_sd's numbers, the lack-of-fit
+    F = resid_sd^2 / seed_sd^2 (df1 = n - n_params, df2 = df_pe, p_value), phi, r2, law;
+    by_r, by_position (0 = narrowest of its cell), by_role (narrowest/interior/widest): n, mean,
+    se, rmse of the residuals; lobo: fit without budget b, predict b (budget, n_runs, mean_error,
+    rmse, phi); residuals: one row per run."""
+    df = check_runs(df, need=("budget", "s"))
+    res = fit(df, restarts=restarts, seed=seed)
+    e, n = _residuals(res, df), len(df)
+    rep = replicate_sd(df, None if seed_df is None else check_runs(seed_df, need=()))
+    var = float(e @ e) / (n - n_params)
+    F = var / rep["seed_sd"] ** 2 if rep["df_pe"] else math.nan
+    summ = dict(rmse=_rmse(e), resid_sd=math.sqrt(var), **rep, rmse_over_seed_sd=_rmse(e) / rep["seed_sd"], F=F,
+                df1=n - n_params, df2=rep["df_pe"], p_value=float(stats.f.sf(F, n - n_params, rep["df_pe"])) if rep["df_pe"]
+                else math.nan, phi=res.phi, r2=res.r2, n_runs=n, law={k: getattr(res, k) for k in LAW_PARAMS})
+    pos, size = cell_position(df)
+    role = np.where(pos == 0, "narrowest", np.where(pos == size - 1, "widest", "interior"))
+    lobo = []
+    for b in sorted(df["budget"].unique()):
+        rb, test = fit(df[df["budget"] != b].reset_index(drop=True), restarts=restarts, seed=seed), df[df["budget"] == b]
+        eb = _residuals(rb, test)
+        lobo.append(dict(budget=b, n_runs=len(test), mean_error=float(eb.mean()), rmse=_rmse(eb), phi=rb.phi))
+    return dict(summary=summ, by_r=_by(e, df["r"].to_numpy(), "r"), by_position=_by(e, pos, "position"),
+                by_role=_by(e, role, "role"), lobo=pd.DataFrame(lobo),
+                residuals=df[["budget", "r", "s", "loss"]].assign(pred=df["loss"] - e, resid=e, position=pos, role=role))
+
+
+# ----------------------------------------------------------------------------- 4. synthetic recovery
+
+def synthetic_recovery(design_df, law: dict, n_draws=50, noise=0.01, kind="white", cell_noise=None,
+                       restarts=100, bootstrap=100, boot_restarts=None, seed=0) -> dict:
+    """Losses from `law` (A, alpha, B, beta, E, phi) on a design (budget, r, n_once, n_rec, tokens)
+    plus white noise of SD `noise` nats and, kind='cell', one offset per (budget, r) cell of SD
+    `cell_noise` (default `noise`); each draw refitted with a cell bootstrap.  summary: phi_true,
+    mean, bias, sd, rmse, coverage (of the 95% interval), mean_width, ...; draws: draw, phi,
+    phi_lo, phi_hi, covered."""
+    if kind not in ("white", "cell"):
+        raise FitError(f"kind must be 'white' or 'cell', got {kind!r}")
+    if n_draws < 1:
+        raise FitError("n_draws must be at least 1")
+    design = check_runs(pd.DataFrame(design_df).assign(loss=1.0))
+    truth, cell = law_loss(_theta(law), RunArrays.from_frame(design)), _cells(design)
+    rng, sd_cell = np.random.default_rng(seed), (noise if cell_noise is None else cell_noise) * (kind == "cell")
+    rows = []
+    for i in range(n_draws):
+        y = truth + rng.normal(0, noise, len(design)) + rng.normal(0, sd_cell, cell.max() + 1)[cell]
+        res = fit(design.assign(loss=y), restarts=restarts, seed=seed + i, bootstrap=bootstrap, boot_restarts=boot_restarts)
+        lo, hi = res.ci.get("phi", NAN2)
+        rows.append(dict(draw=i, phi=res.phi, phi_lo=lo, phi_hi=hi, covered=bool(lo <= law["phi"] <= hi)))
+    d = pd.DataFrame(rows)
+    err = d["phi"] - law["phi"]
+    return dict(summary=dict(phi_true=law["phi"], mean=float(d["phi"].mean()), bias=float(err.mean()),
+                             sd=float(d["phi"].std(ddof=1)) if n_draws > 1 else math.nan, rmse=_rmse(err),
+                             coverage=float(d["covered"].mean()) if bootstrap else math.nan,
+                             mean_width=float((d["phi_hi"] - d["phi_lo"]).mean()), n_draws=n_draws,
+                             n_runs=len(design), noise=noise, cell_noise=sd_cell, kind=kind), draws=d)
+
+
+# ----------------------------------------------------------------------------- 5. command line
+
+FULL = dict(restarts=500, bootstrap=200, boot_restarts=None, multi_restarts=200, multi_boot_restarts=8,
+            draws=50, synth_restarts=100, synth_bootstrap=100, synth_boot_restarts=8)
+QUICK = dict(restarts=50, bootstrap=20, boot_restarts=4, multi_restarts=16, multi_boot_restarts=2,
+             draws=20, synth_restarts=50, synth_bootstrap=10, synth_boot_restarts=2)
+
+
+def _plain(x):
+    """JSON-ready: DataFrames as lists of records, numpy scalars as Python, NaN as null."""
+    if isinstance(x, pd.DataFrame):
+        return _plain(x.to_dict(orient="records"))
+    if isinstance(x, dict):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple, np.ndarray)):
+        return [_plain(v) for v in x]
+    if isinstance(x, (np.integer, np.bool_)):
+        return x.item()
+    if isinstance(x, (float, np.floating)):
+        return float(x) if math.isfinite(x) else None
+    return x
+
+
+def run_all(df, seed_df, s: dict, seed=0, paper_dir=PAPER_DIR) -> dict:
+    """Every study with settings `s` (FULL or QUICK); the seconds each took under 'seconds'."""
+    kw = dict(restarts=s["restarts"], bootstrap=s["bootstrap"], seed=seed, boot_restarts=s["boot_restarts"],
+              multi_restarts=s["multi_restarts"], multi_boot_restarts=s["multi_boot_restarts"])
+    out, sec, t = {}, {}, time.perf_counter()
+
+    def lap(name, value):
+        nonlocal t
+        out[name], sec[name], t = value, time.perf_counter() - t, time.perf_counter()
+
+    lap("goodness_of_fit", goodness_of_fit(df, seed_df, restarts=s["restarts"], seed=seed))
+    lap("robustness", robustness_table(df, **kw))
+    lap("phi_vs_compute", phi_vs_compute(df, paper_dir=paper_dir, **kw))
+    g = out["goodness_of_fit"]["summary"]
+    pres = pd.read_csv(Path(paper_dir) / "joint_fit_residuals.csv")      # the paper's residual RMSE as its noise
+    scenarios = {"ours": (df, g["law"], g["seed_sd"] if math.isfinite(g["seed_sd"]) else g["rmse"]),
+                 "paper": (paper_design(paper_dir), published_law(paper_dir),
+                           float(np.sqrt((pres["n_runs"] * pres["rmse"] ** 2).sum() / pres["n_runs"].sum())))}
+    lap("synthetic", {f"{name}_{kind}": synthetic_recovery(
+        des[["budget", "r", "n_once", "n_rec", "tokens"]], law, n_draws=s["draws"], noise=nz, kind=kind,
+        restarts=s["synth_restarts"], bootstrap=s["synth_bootstrap"], boot_restarts=s["synth_boot_restarts"], seed=seed)
+        for name, (des, law, nz) in scenarios.items() for kind in ("white", "cell")})
+    return dict(out, seconds=sec)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m looped.studies.robustness", description="Robustness studies of phi.")
+    ap.add_argument("--runs", default=str(REPO / "runs" / "cpu-main"), help="runs of the main fit (folder or CSV)")
+    ap.add_argument("--seeds", nargs="*", default=[str(REPO / "runs" / n) for n in ("prose-seeds", "cpu-replicates")],
+                    help="replicate runs (folders or CSVs; absent ones skipped)")
+    ap.add_argument("--paper", default=str(PAPER_DIR), help="folder of the paper's CSV tables")
+    ap.add_argument("--out", required=True, help="JSON file to write")
+    ap.add_argument("--quick", action="store_true", help="small restarts, bootstrap and draws (CI)")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    settings, t0 = dict(QUICK if a.quick else FULL), time.perf_counter()
+    seeds = [p for p in a.seeds if Path(p).exists()]
+    try:
+        tables = [load_runs(p) for p in seeds]
+        out = run_all(load_runs(a.runs), pd.concat(tables, ignore_index=True) if tables else None, settings,
+                      seed=a.seed, paper_dir=a.paper)
+    except FitError as e:
+        print(f"robustness: error: {e}", file=sys.stderr)
+        return 2
+    out["settings"] = dict(settings, quick=a.quick, seed=a.seed, runs=a.runs, seeds=seeds, paper=a.paper,
+                           total_seconds=time.perf_counter() - t0)
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(_plain(out), indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

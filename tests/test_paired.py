@@ -1,0 +1,137 @@
+"""Paired case-study estimators (looped.studies.paired) on synthetic arms from a known law."""
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from looped.fit import FitError, fit
+from looped.studies import paired as pp
+
+THETA = (7.2, 0.108, 335.0, 0.414, 1.71, 0.64)   # A, alpha, B, beta, E, phi: close to our CPU fit
+MAIN = {2.5e12: (2, 3, 4, 5), 5e12: (3, 4, 5, 6, 7), 1e13: (4, 5, 6, 7, 8), 2.5e13: (5, 6, 7, 8, 10)}
+CASE = {2.5e12: (2, 3, 4, 5), 5e12: (3, 4, 5, 6, 7)}
+
+
+def design(budgets=MAIN, rs=(1, 2, 4, 8), dmult=1.0, **extra):
+    """A runs table shaped like our CPU design (loss to be filled by pp.synthetic)."""
+    rows = []
+    for c, widths in budgets.items():
+        for r in rs:
+            for s in widths:
+                no, nr = (7772 * s * s, 0.0) if r == 1 else (1564 * s * s, 6464 * s * s / r)
+                rows.append(dict(budget=c, r=r, s=float(s), n_once=no, n_rec=nr, loss=1.0,
+                                 tokens=dmult * c / (20 * (no + r * nr) + 4e5), **extra))
+    return pd.DataFrame(rows)
+
+
+def arms(dphi=0.3, offset=0.0, resid=None, law=THETA):
+    main = pp.synthetic(law, design(), resid=resid)
+    var = pp.synthetic(law, design(CASE, (2, 4, 8), dmult=1.2), dphi, offset, resid)  # truncation: more tokens
+    return main, var
+
+
+def test_paired_recovers_dphi_without_noise():
+    main, var = arms(0.3)
+    est = pp.paired_estimate(main, var, restarts=30, bootstrap=0)
+    assert est["dphi"].estimate == pytest.approx(0.3, abs=1e-4) and est["offset"] is None
+    assert est["resid_sd"] < 1e-6
+
+
+def test_shared_residuals_cancel_in_pairs_but_move_the_paper_protocol():
+    rng = np.random.default_rng(3)
+    resid = {k: rng.normal(0, 0.006) for k in pp._key3(design())}
+    observed, _ = arms(resid=resid)
+    law = fit(observed, restarts=30)   # the simulation's model: the main fit plus its own residuals
+    main, var = arms(0.3, resid=pp.law_residuals(law, observed), law=law)
+    paired = pp.paired_estimate(main, var, restarts=30, bootstrap=0)["dphi"].estimate
+    paper = pp.paper_protocol(main, var, restarts=30, bootstrap=0).estimate
+    assert paired == pytest.approx(0.3, abs=1e-4)
+    assert abs(paper - 0.3) > 0.02
+    errs = []   # residuals the main fit does not reproduce: the pairs still err far less
+    for seed in range(3):
+        rng = np.random.default_rng(seed)
+        main, var = arms(0.3, resid={k: rng.normal(0, 0.006) for k in pp._key3(design())})
+        errs.append((abs(pp.paired_estimate(main, var, restarts=30, bootstrap=0)["dphi"].estimate - 0.3),
+                     abs(pp.paper_protocol(main, var, restarts=30, bootstrap=0).estimate - 0.3)))
+    assert np.mean([e[0] for e in errs]) < 0.5 * np.mean([e[1] for e in errs])
+
+
+def test_offset_model_recovers_an_r_independent_offset():
+    main, var = arms(0.0, offset=0.01)
+    est = pp.paired_estimate(main, var, offset=True, restarts=30, bootstrap=0)
+    assert est["offset"].estimate == pytest.approx(0.01, abs=1e-4)
+    assert est["dphi"].estimate == pytest.approx(0.0, abs=1e-3)
+
+
+def test_bootstrap_interval_covers_truth_with_noise():
+    main, var = arms(0.3)
+    rng = np.random.default_rng(0)
+    main["loss"] += rng.normal(0, 0.005, len(main))
+    var["loss"] += rng.normal(0, 0.005, len(var))
+    est = pp.paired_estimate(main, var, restarts=20, bootstrap=60, boot_restarts=2)["dphi"]
+    assert est.lo < est.estimate < est.hi and est.se > 0 and est.lo < 0.3 < est.hi
+
+
+def test_pairing_matches_on_seed_and_data_order():
+    base = pd.concat([design(CASE, (2,), seed=42), design(CASE, (2,), seed=43, data_order=43)], ignore_index=True)
+    base["loss"] = 4.0 + 0.1 * (base["seed"] == 43)
+    var = design(CASE, (2,), seed=43, data_order=43).assign(loss=3.95)
+    P = pp.pairs(base, var)
+    assert len(P) == len(var) and set(P["seed"]) == {43} and np.allclose(P["diff"], 3.95 - 4.1)
+    with pytest.raises(FitError, match="no variant run"):   # same seed, another data order: no pair
+        pp.pairs(base, var.assign(data_order=44))
+    ctl = design({2.5e12: (2,)}, (1,)).assign(loss=3.0)     # r = 1 control replaces the plain baseline
+    P = pp.pairs(design(CASE, (1,)), design({2.5e12: (2,)}, (1,)).assign(loss=3.5), controls=ctl)
+    assert P["loss_b"].tolist() == [3.0]
+
+
+def test_bad_inputs_raise_one_clear_error():
+    main, var = arms()
+    with pytest.raises(FitError, match="no runs"):
+        pp.pairs(main, var.iloc[0:0])
+    with pytest.raises(FitError, match="no runs"):
+        pp.pairs(None, var)
+    with pytest.raises(FitError, match="no variant run"):
+        pp.pairs(main[main["budget"] > 1e13], var)
+    with pytest.raises(FitError, match="share"):
+        pp.pairs(pd.concat([main, main]), var)
+    with pytest.raises(FitError, match="missing column"):
+        pp.pairs(main.drop(columns="s"), var)
+    with pytest.raises(FitError, match="r > 1"):
+        pp.paired_estimate(main, main[main["r"] == 1], bootstrap=0, restarts=10)
+
+
+def test_arm_of_reads_the_record_fields():
+    df = pd.DataFrame(dict(r=[1, 2, 2, 2, 2, 1, 1], injection=["none", "linear", "linear", "linear", "hyperconnect",
+                                                                 "linear", "hyperconnect"],
+                           bptt_k=[1, 2, 1, 1, 2, 1, 1], run_id=["a", "b", "c", "C1_r2_s2_steps9_k1", "d", "e", "f"]))
+    assert pp.arm_of(df).tolist() == ["main", "main", "truncated", "truncated_matched", "hyper",
+                                      "control_linear", "control_hyper"]
+
+
+def test_simulation_and_cli_quick(tmp_path):
+    main, var = arms(0.2)
+    sim = pp.simulate_estimators(main, var, 0.2, n_reps=2, seed=1, quick=True)
+    assert set(sim["estimator"]) == {"paired", "paired_offset", "paired_offset:offset", "paper"}
+    assert sim["n_reps"].eq(2).all() and sim[["bias", "sd", "coverage"]].notna().all().all()
+    assert abs(sim.set_index("estimator").loc["paired", "bias"]) < 0.05
+    for folder, df in (("cpu-main", main), ("cpu-truncated", var)):
+        (tmp_path / folder).mkdir()
+        for i, row in df.iterrows():
+            rec = dict(row.to_dict(), status="ok", run_id=f"x{i}", injection="none" if row.r == 1 else "linear",
+                       bptt_k=int(row.r) // (2 if folder == "cpu-truncated" else 1))
+            (tmp_path / folder / f"x{i}.json").write_text(json.dumps(rec))
+    out = tmp_path / "paired.json"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert pp.main(["--out", str(out), "--runs", str(tmp_path), "--quick", "--reps", "1"]) == 0
+    res = json.loads(out.read_text())
+    assert set(res["studies"]) == {"truncated"} and res["settings"]["quick"]
+    assert res["studies"]["truncated"]["paired"]["estimate"] == pytest.approx(0.2, abs=1e-3)
+    assert {r["r"] for r in res["studies"]["truncated"]["gains_by_r"]} == {2.0, 4.0, 8.0}
+    assert res["simulation"]["truncated"]["summary"][0]["n_reps"] == 1
+    assert pp.main(["--out", str(out), "--runs", str(tmp_path / "none")]) == 2

@@ -1,0 +1,197 @@
+"""Robustness studies of phi: recovery on synthetic runs from a known law, the per-r / per-budget /
+trend / kappa fitter, the lack-of-fit test, the accounting variants, the paper's tables, bad input."""
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from looped import accounting as acc
+from looped.config import model_config
+from looped.fit import FitError, fit
+from looped.solver import RunArrays, law_loss
+from looped.studies import robustness as R
+
+LAW = {"A": 8.0, "alpha": 0.15, "B": 300.0, "beta": 0.4, "E": 1.8, "phi": 0.5}
+BUDGETS = (2.5e12, 5e12, 1e13, 2.5e13)
+
+
+def design(budgets=BUDGETS, sizes=(4, 5, 6, 7, 8)) -> pd.DataFrame:
+    """A CPU-like design (preset 'prose'): every budget x r in {1, 2, 4, 8} x width s."""
+    rows = []
+    for b in budgets:
+        for r in (1, 2, 4, 8):
+            for s in sizes:
+                a = acc.summary(model_config("prose", r=r, s=s), b)
+                rows.append({k: a[k] for k in ("budget", "r", "s", "n_once", "n_rec", "tokens", "d_model",
+                                               "injection", "bptt_k")})
+    return pd.DataFrame(rows)
+
+
+def runs(law=LAW, noise=0.0, seed=0, kappa=1.0, **kw) -> pd.DataFrame:
+    df = design(**kw)
+    d = RunArrays.from_frame(df.assign(n_rec=kappa * df["n_rec"], loss=1.0))
+    rng = np.random.default_rng(seed)
+    return df.assign(loss=law_loss(R._theta(law), d) + rng.normal(0, noise, len(df)))
+
+
+@pytest.fixture(scope="module")
+def exact():
+    return runs(noise=1e-4)
+
+
+def test_per_budget_phis_and_trend_recover_a_constant_phi(exact):
+    pb = R.per_budget_phi(exact, restarts=8, bootstrap=0)
+    assert list(pb["budget"]) == list(BUDGETS)
+    np.testing.assert_allclose(pb["phi"], 0.5, atol=0.02)
+    tr = R.phi_trend(exact, restarts=8, bootstrap=4, boot_restarts=1)
+    assert abs(tr["phi1"]) < 0.02 and abs(tr["phi_mid"] - 0.5) < 0.01
+    assert len(tr["phi1_jack"]) == 4 and tr["phi1_jack_lo"] <= tr["phi1"] <= tr["phi1_jack_hi"]
+    assert tr["phi0"] == pytest.approx(tr["phi_mid"] - tr["phi1"] * tr["log10_c_centre"])
+
+
+def test_per_r_fit_recovers_equal_phis_and_nests_looped_fit(exact):
+    X, _ = R.onehot(exact["r"], [2, 4, 8])
+    m = R.fit_multi(exact, X, ["phi_2", "phi_4", "phi_8"], restarts=8, bootstrap=6, boot_restarts=1)
+    for lab in ("phi_2", "phi_4", "phi_8"):
+        assert abs(m.params[lab] - 0.5) < 0.03
+        assert m.n_valid[lab] <= 6 and lab in m.ci
+    one = R.fit_multi(exact, np.ones((len(exact), 1)), ["phi"], restarts=8)   # the paper's law: same optimum
+    ref = fit(exact, restarts=100)
+    assert one.huber == pytest.approx(ref.huber, rel=1e-6) and one.params["phi"] == pytest.approx(ref.phi, abs=1e-5)
+    assert m.huber <= one.huber * (1 + 1e-9)                                  # a freer form fits no worse
+
+
+def test_kappa_form_recovers_the_multiplier():
+    df = runs(noise=1e-4, kappa=0.7)
+    m = R.fit_multi(df, np.ones((len(df), 1)), ["phi"], kappa=True, restarts=16)
+    assert m.params["kappa"] == pytest.approx(0.7, rel=0.05) and m.params["phi"] == pytest.approx(0.5, abs=0.03)
+
+
+def test_objective_gradient_matches_finite_differences(exact):
+    X = np.column_stack([np.ones(len(exact)), np.log10(exact["budget"]) - 12.8])
+    d = RunArrays.from_frame(exact)
+    th = np.r_[R._theta(LAW)[:5], 0.5, 0.05, np.log(0.8)] + 0.01
+    _, g, _, _ = R._batch(th[None], d, X, True, np.ones((1, len(exact))))
+    for i in range(len(th)):
+        e = np.zeros_like(th)
+        e[i] = 1e-6
+        fp = R._batch((th + e)[None], d, X, True, np.ones((1, len(exact))))[0][0]
+        fm = R._batch((th - e)[None], d, X, True, np.ones((1, len(exact))))[0][0]
+        assert (fp - fm) / 2e-6 == pytest.approx(g[0, i], rel=1e-4, abs=1e-10)
+
+
+def replicates(sd, seed, configs=8, n=3):
+    base = runs().iloc[::10].head(configs)
+    rng = np.random.default_rng(seed)
+    return pd.concat([base.assign(seed=43 + k, loss=base["loss"] + rng.normal(0, sd, len(base))) for k in range(n)],
+                     ignore_index=True)
+
+
+def test_lack_of_fit_not_significant_on_white_noise_and_significant_on_a_misfit():
+    sd = 0.01
+    white = runs(noise=sd, seed=1)
+    g = R.goodness_of_fit(white, replicates(sd, seed=2), restarts=50)["summary"]
+    assert g["df_pe"] == 24 and g["df1"] == len(white) - 6    # each config: the fitted run and 3 replicates
+    assert g["p_value"] > 0.05 and 0.6 < g["rmse_over_seed_sd"] < 1.4
+    bumped = white.assign(loss=white["loss"] + np.select([white["r"] == 2, white["r"] == 4], [0.06, -0.06], 0.0))
+    out = R.goodness_of_fit(bumped, replicates(sd, seed=2), restarts=50)
+    assert out["summary"]["p_value"] < 1e-3
+    by_r = out["by_r"].set_index("r")["mean"]
+    assert by_r[2.0] > by_r[4.0] + 0.05
+    assert set(out["by_role"]["role"]) == {"narrowest", "interior", "widest"}
+    assert list(out["lobo"]["budget"]) == list(BUDGETS) and out["by_position"]["n"].sum() == len(white)
+
+
+def test_replicate_sd_counts_a_record_once_and_pools_groups():
+    rep = replicates(0.01, seed=3, configs=2, n=2)
+    a = R.replicate_sd(rep, rep)                       # the same records twice: still two per group
+    assert a["df_pe"] == 2 and a["n_groups"] == 2
+    v = rep.groupby(["r", "s"])["loss"].var(ddof=1)
+    assert a["seed_sd"] == pytest.approx(np.sqrt(v.mean()))
+
+
+def test_head_variant_shifts_n_once_by_exactly_v_times_d(exact):
+    head = R.count_embeddings(exact)
+    np.testing.assert_array_equal(head["n_once"] - exact["n_once"], 2048 * exact["d_model"])
+    both = R.count_embeddings(exact, embedding=True)
+    np.testing.assert_array_equal(both["n_once"] - exact["n_once"], 2 * 2048 * exact["d_model"])
+    np.testing.assert_array_equal(head["n_rec"], exact["n_rec"])
+    bare = exact.drop(columns=["d_model"])             # no accounting columns: rebuilt from the preset
+    np.testing.assert_array_equal(R.embedding_params(bare), 2048 * exact["d_model"])
+
+
+def test_cell_interiors_drop_each_cells_narrowest_and_widest(exact):
+    inner = R.cell_interiors(exact)
+    assert len(inner) == len(exact) - 2 * 16 and set(inner["s"]) == {5, 6, 7}
+
+
+def test_robustness_table_rows_and_columns(exact):
+    t = R.robustness_table(exact, restarts=20, bootstrap=3, boot_restarts=1, multi_restarts=4, multi_boot_restarts=1)
+    assert list(t["variant"]) == ["paper", "head_in_n_once", "embedding_and_head_in_n_once", "without_r2", "without_r8",
+                                  "without_lowest_budget", "without_highest_budget", "cell_interiors", "per_r_phi_2",
+                                  "per_r_phi_4", "per_r_phi_8", "kappa_r_phi"]
+    assert {"phi", "phi_lo", "phi_hi", "r2", "rmse", "n_runs", "kappa"} <= set(t.columns)
+    row = t.set_index("variant")
+    assert abs(row.loc["paper", "phi"] - 0.5) < 0.01 and row.loc["paper", "rmse"] < 1e-3
+    assert row.loc["without_r2", "n_runs"] == 60 and row.loc["cell_interiors", "n_runs"] == 48
+    assert row.loc["kappa_r_phi", "kappa"] == pytest.approx(1.0, rel=0.05)
+
+
+def test_synthetic_recovery_is_unbiased_on_white_noise():
+    df = design(budgets=BUDGETS[:3], sizes=(4, 6, 8))
+    out = R.synthetic_recovery(df, LAW, n_draws=20, noise=0.003, restarts=30, bootstrap=5, boot_restarts=1)
+    s = out["summary"]
+    assert s["n_draws"] == 20 and len(out["draws"]) == 20 and 0 <= s["coverage"] <= 1
+    assert abs(s["bias"]) < 0.03 and s["sd"] < 0.05
+    cell = R.synthetic_recovery(df, LAW, n_draws=2, noise=0.003, kind="cell", restarts=30, bootstrap=0)
+    assert cell["summary"]["cell_noise"] == 0.003 and np.isnan(cell["summary"]["coverage"])
+
+
+def test_paper_tables():
+    law = R.published_law()
+    assert law["phi"] == 0.459 and law["alpha"] == pytest.approx(0.199, abs=1e-3)
+    m = R.paper_minima()
+    star = pd.read_csv(R.PAPER_DIR / "compute_optimal_minima.csv")
+    assert len(m) == 24
+    np.testing.assert_allclose(m["n_once"] + m["n_rec"], star["n_star_unique_millions"] * 1e6, rtol=1e-9)
+    assert (m.loc[m["r"] == 1, "n_rec"] == 0).all() and (m.loc[m["r"] > 1, "n_rec"] > 0).all()
+    g = R.paper_design()
+    assert len(g) == 116 and g.groupby(["budget", "r"]).ngroups == 24
+    one = g.iloc[0]
+    cfg = model_config("paper", r=int(one["r"]), s=float(one["s"]))
+    assert one["n_once"] == acc.n_once(cfg) and one["tokens"] == acc.tokens_for_budget(cfg, one["budget"], 262_144)
+
+
+def test_bad_input_raises_a_clear_error(exact, tmp_path):
+    with pytest.raises(FitError, match="empty"):
+        R.robustness_table(pd.DataFrame())
+    with pytest.raises(FitError, match="loss"):
+        R.per_budget_phi(exact.drop(columns="loss"))
+    with pytest.raises(FitError, match="budget"):
+        R.phi_trend(exact.drop(columns="budget"))
+    with pytest.raises(FitError, match="s"):
+        R.goodness_of_fit(exact.drop(columns="s"))
+    with pytest.raises(FitError, match="kind"):
+        R.synthetic_recovery(design(), LAW, kind="pink")
+    assert R.main(["--runs", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x.json")]) == 2
+
+
+def test_json_is_plain():
+    out = R._plain({"t": pd.DataFrame({"a": [1.0, np.nan]}), "x": np.float64(2), "n": np.int64(3), "v": (np.nan,)})
+    assert json.loads(json.dumps(out, allow_nan=False)) == {"t": [{"a": 1.0}, {"a": None}], "x": 2.0, "n": 3, "v": [None]}
+
+
+def test_phi_vs_compute_tables(exact):
+    out = R.phi_vs_compute(exact, restarts=20, bootstrap=3, boot_restarts=1, multi_restarts=4, multi_boot_restarts=1)
+    assert set(out) == {"per_budget", "windows", "paper_per_budget", "trend"}
+    assert list(out["windows"][["budget_lo", "budget_hi"]].itertuples(index=False, name=None)) == list(zip(BUDGETS[:-1], BUDGETS[1:]))
+    np.testing.assert_allclose(out["windows"]["phi"], 0.5, atol=0.03)
+    paper = out["paper_per_budget"]
+    assert len(paper) == 6 and (paper["n_cells"] == 4).all() and paper["phi"].between(0.2, 0.8).all()
+    assert list(out["trend"]["data"]) == ["ours", "paper_minima"] and out["trend"]["n_budgets"].tolist() == [4, 6]
+
+
+def test_fit_multi_rejects_a_design_that_does_not_line_up(exact):
+    with pytest.raises(FitError, match="rows"), pytest.warns(UserWarning, match="status"):
+        R.fit_multi(exact.assign(status=["ok"] * (len(exact) - 1) + ["failed"]), np.ones((len(exact), 1)), ["phi"])
