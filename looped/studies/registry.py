@@ -1,7 +1,7 @@
 """Named studies: grids as data (CSV rows of budget, r, s, injection, bptt_k and options).
 
 The paper's grids are in runs/paper/grids.csv, ours in runs/prose_grids.csv (and the smoke test
-in runs/cpu_grids.csv).  `load_study` turns a study's rows into `Run`s, validating every
+in runs/cpu_grids.csv).  `load_study` turns a study's rows into `Run` objects, validating every
 architecture before anything trains.
 """
 from __future__ import annotations
