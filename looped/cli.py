@@ -12,7 +12,11 @@ COMMANDS = {  # name -> (module, function, one-line help)
     "fit": ("looped.fit", "main", "fit the joint scaling law (phi) to a runs table"),
     "data": ("looped.data", "main", "prepare tokenizer and data shards"),
     "bench": ("looped.studies.bench", "main", "benchmarks: `bench train`, `bench fit`"),
-    "robustness": ("looped.studies.robustness", "main", "is phi a constant: other forms, drift with compute, lack of fit"),
+    "robustness": (
+        "looped.studies.robustness",
+        "main",
+        "is phi a constant: other forms, drift with compute, lack of fit",
+    ),
     "paired": ("looped.studies.paired", "main", "case studies: paired estimators of delta-phi and their simulation"),
 }
 

@@ -36,8 +36,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from .archives import _RData, deb_files, r_lazyload, sword_entries  # noqa: F401
+from .archives import _bigbench_task, austen_documents, deb_files, osis_documents, r_lazyload, sword_entries
 from .config import REPO, DataError
+from .tokenizers import train_bpe
 
 VERSION = 2   # bump when the documents change (sources, cleaning, dedup, split): datasets rebuild
 VAL_PERMILLE = 20  # ~2% of source documents (by a fixed hash of their id) are validation
@@ -251,111 +252,6 @@ def fetch(dest: str | os.PathLike | None = None, verbose: bool = True) -> Path:
 # ----------------------------------------------------------------------------------------------
 # Cleaning
 
-_NOTE = re.compile(r"<note\b[^>]*>.*?</note>", re.S)
-_TITLE = re.compile(r"<title\b[^>]*>(.*?)</title>", re.S)
-_BREAK = re.compile(r"<(?:div\b[^>]*type=\"x-p\"[^>]*|p\b[^>]*|/p|item\b[^>]*|row\b[^>]*|lg\b[^>]*)/?>")
-_LINE = re.compile(r"<(?:lb|l)\b[^>]*/?>")
-_CHAPTER = re.compile(r"<chapter\b[^>]*\bsID=\"([^\"]+)\"[^>]*/>")
-_TAG = re.compile(r"<[^>]+>")
-
-
-def tidy(text: str) -> str:
-    """Collapse spaces, drop spaces before punctuation, keep line breaks."""
-    text = text.replace("\u00a0", " ").replace("\ufffd", " ")
-    text = re.sub(r"[ \t]+", " ", text)
-    text = re.sub(r" ([,.;:!?])", r"\1", text)
-    return re.sub(r" *\n *", "\n", text).strip()
-
-
-def split_paragraphs(text: str) -> list[str]:
-    return [p for p in (tidy(x) for x in re.split(r"\n\s*\n", text)) if p]
-
-
-def osis_documents(entries: Iterable[str], name: str) -> list[tuple[str, list[str]]]:
-    """OSIS entries (in verse order) -> [(id, paragraphs)], one document per chapter.
-    Footnotes are dropped, titles become their own paragraph, x-p/p/item/row are breaks."""
-    docs, cur, key = [], [], f"{name}/intro"
-
-    def close():
-        paras = split_paragraphs(html.unescape(" ".join(cur)))
-        if paras:
-            docs.append((key, paras))
-
-    for raw in entries:
-        raw = _NOTE.sub(" ", raw)
-        raw = _TITLE.sub(lambda m: f"\n\n{m.group(1)}\n\n", raw)
-        raw = _BREAK.sub("\n\n", raw)
-        raw = _LINE.sub("\n", raw)
-        for k, piece in enumerate(_CHAPTER.split(raw)):  # odd pieces are chapter ids
-            if k % 2:
-                close()
-                cur, key = [], f"{name}/{piece}"
-            else:
-                cur.append(_TAG.sub("", piece))
-    close()
-    return docs
-
-
-def austen_documents(novels: dict[str, list[str]]) -> list[tuple[str, list[str]]]:
-    """Each chapter of each novel is a document; lines are re-joined into paragraphs."""
-    docs = []
-    for title, lines in novels.items():
-        text = "\n".join(x or "" for x in lines).replace("_", "")
-        parts = re.split(r"\n(?=(?:CHAPTER|Chapter) [0-9IVXLC]+\.?\n)", text)
-        for k, part in enumerate(parts):
-            paras = [re.sub(r"\s*\n\s*", " ", p) for p in split_paragraphs(part)]
-            if paras:
-                docs.append((f"austen/{title}/{k}", paras))
-    return docs
-
-
-_PASSAGE = re.compile(r"^\s*Passage:\s*(.*?)\s*(?:\n\s*(?:Question|Answer|Answer type)\s*:.*)?$", re.S)
-
-
-def _bigbench_task(kind: str, task: str, j: dict) -> Iterator[tuple[str, list[str]]]:
-    """Documents of one bigbench task file."""
-    if kind == "gutenberg":  # the reference passage and every candidate passage
-        for e in j["examples"]:
-            for t in [e["input"], *e.get("target_scores", {})]:
-                t = t.strip().strip('"').strip()
-                if len(t.split()) > 50:
-                    yield hashlib.sha1(t.encode()).hexdigest()[:12], [tidy(t)]
-    elif kind == "passage":  # Quoref / DROP: "Passage: ...\nQuestion: ..."
-        for e in j["examples"]:
-            m = _PASSAGE.match(e["input"])
-            if m:
-                paras = [tidy(p) for p in m.group(1).split("\n") if p.strip()]
-                yield hashlib.sha1(m.group(1).encode()).hexdigest()[:12], paras
-    elif kind == "squad":  # SQuAD: data[].paragraphs[].context, one document per article
-        for art in j["data"]:
-            paras = [tidy(p["context"]) for p in art["paragraphs"]]
-            yield art.get("title") or hashlib.sha1(paras[0].encode()).hexdigest()[:12], paras
-    elif kind == "paragraphs":  # one sentence per line, target marks paragraph ends; English only
-        for e in j["examples"]:
-            sents, ends = e["input"].strip("\n").split("\n"), e["target"].split()
-            if len(sents) != len(ends) or not _is_english(e["input"]):
-                continue
-            paras, cur = [], []
-            for s, end in zip(sents, ends):
-                cur.append(s.strip())
-                if end == "1":
-                    paras.append(" ".join(cur))
-                    cur = []
-            paras += [" ".join(cur)] if cur else []
-            yield hashlib.sha1(sents[0].encode()).hexdigest()[:12], [tidy(p) for p in paras if p]
-    else:
-        raise ValueError(kind)
-
-
-_EN = frozenset("the of and to in a is that was for it with as on by his he at from are this were be an "
-                "which or have had not but their they has its".split())
-
-
-def _is_english(text: str) -> bool:
-    words = re.findall(r"[a-zäöüßéèàçñ]+", text.lower())
-    return sum(w in _EN for w in words) > 0.2 * max(1, len(words))
-
-
 def bigbench_documents(path: Path) -> Iterator[tuple[str, list[str]]]:
     """Documents of the selected tasks, read straight from the sdist (no unpacking)."""
     try:
@@ -510,10 +406,10 @@ def main(argv=None) -> int:
         st = stats(docs)
         print(f"{'source':<34} {'docs':>7} {'val':>5} {'paras':>8} {'words':>11} {'chars':>12}")
         for name, d in {**st, "total": {k: sum(x[k] for x in st.values()) for k in next(iter(st.values()))}}.items():
-            print(f"{name:<34} {d['docs']:>7,} {d['val_docs']:>5,} {d['paragraphs']:>8,} {d['words']:>11,} {d['chars']:>12,}")
+            print(f"{name:<34} {d['docs']:>7,} {d['val_docs']:>5,} {d['paragraphs']:>8,} "
+                  f"{d['words']:>11,} {d['chars']:>12,}")
         print(f"read in {time.time() - t0:.0f}s")
         if args.vocab:
-            from .tokenizers import train_bpe
             train = [p + "\n\n" for k, ps in docs if not is_val(k) for p in ps]
             val = [p + "\n\n" for k, ps in docs if is_val(k) for p in ps]
             for v in args.vocab:

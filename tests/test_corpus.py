@@ -13,6 +13,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from looped import archives
 from looped import corpus as C
 from looped import data as D
 from looped.config import PRESETS
@@ -86,21 +87,33 @@ def bigbench_tree() -> dict:
     german = "\n".join(f"Die {w} der Stadt ist im Norden und wurde im Jahr 1900 gebaut." for w in WORDS[:4])
     qa = lambda p: {"examples": [{"input": f"Passage: {p} \nQuestion: What? \nAnswer type: Span ", "target": "x"}]}
     tasks = {
-        "authorship_verification/non_swapped/task.json": {"examples": [
-            {"input": f'"{excerpt}"', "target_scores": {f'"{overlap}"': 1, '"too short"': 0}}]},
-        "authorship_verification/swapped/task.json": {"examples": [
-            {"input": f'"{excerpt}"', "target_scores": {}}]},  # the same excerpt again
-        "natural_instructions/subtask001_quoref_question_generation/task.json": {"examples": [
-            {"input": f"Passage: {passage}\n{other}", "target": "x"}]},
+        "authorship_verification/non_swapped/task.json": {
+            "examples": [{"input": f'"{excerpt}"', "target_scores": {f'"{overlap}"': 1, '"too short"': 0}}]
+        },
+        "authorship_verification/swapped/task.json": {
+            "examples": [{"input": f'"{excerpt}"', "target_scores": {}}]
+        },  # the same excerpt again
+        "natural_instructions/subtask001_quoref_question_generation/task.json": {
+            "examples": [{"input": f"Passage: {passage}\n{other}", "target": "x"}]
+        },
         "natural_instructions/subtask002_quoref_answer_generation/task.json": qa(passage + "\n" + other),
-        "natural_instructions/subtask026_drop_question_generation/task.json": qa("Drop &amp; Co. " + " ".join(sentence(i) for i in range(50, 56))),
+        "natural_instructions/subtask026_drop_question_generation/task.json": qa(
+            "Drop &amp; Co. " + " ".join(sentence(i) for i in range(50, 56))
+        ),
         "natural_instructions/subtask027_drop_answer_type_generation/task.json": qa(passage),
         "natural_instructions/subtask028_drop_answer_generation/task.json": qa(passage),
-        "squad_shifts/squaddev_v1.1.json": {"data": [{"title": "Oxygen", "paragraphs": [
-            {"context": "Oxygen is an element. " + sentence(300)}, {"context": sentence(301)}]}]},
+        "squad_shifts/squaddev_v1.1.json": {
+            "data": [
+                {
+                    "title": "Oxygen",
+                    "paragraphs": [{"context": "Oxygen is an element. " + sentence(300)}, {"context": sentence(301)}],
+                }
+            ]
+        },
         "squad_shifts/new_wiki_v1.0.json": {"data": []},
-        "paragraph_segmentation/task.json": {"examples": [
-            {"input": english, "target": "0 1 0 1"}, {"input": german, "target": "0 0 0 1"}]},
+        "paragraph_segmentation/task.json": {
+            "examples": [{"input": english, "target": "0 1 0 1"}, {"input": german, "target": "0 0 0 1"}]
+        },
         "gem/xsum/task.json": {"examples": [{"input": "Never read this news article " * 20}]},
         "real_or_fake_text/gpt2/task.json": {"examples": [{"input": "Never read generated text " * 20}]},
     }
@@ -142,14 +155,23 @@ def _r_index(index: dict) -> bytes:
     chars = lambda s: i(0x40009) + i(len(s.encode())) + s.encode()
     names = lambda xs: i(2 | 1 << 10) + i(1) + chars("names") + i(16) + i(len(xs)) + b"".join(map(chars, xs)) + i(254)
     head = b"X\n" + i(3) + i(0x40201) + i(0x30500) + i(5) + b"UTF-8"
-    variables = i(19 | 1 << 9) + i(len(index)) + b"".join(i(13) + i(2) + i(o) + i(n) for o, n in index.values()) + names(list(index))
+    variables = (
+        i(19 | 1 << 9)
+        + i(len(index))
+        + b"".join(i(13) + i(2) + i(o) + i(n) for o, n in index.values())
+        + names(list(index))
+    )
     return head + i(19 | 1 << 9) + i(1) + variables + names(["variables"])
 
 
 CHAPTERS = [
-    ['<chapter osisID="Gen.1" sID="Gen.1"/>', '<title type="main">The Beginning</title> In the <w lemma="x">beginning</w> was light. ',
-     'Linked text here<note placement="foot">a footnote</note> , and more. ', '<div sID="p1" type="x-p"/>A second paragraph. '],
-    ['<chapter osisID="Gen.2" sID="Gen.2"/>', 'Chapter two text &amp; more. '],
+    [
+        '<chapter osisID="Gen.1" sID="Gen.1"/>',
+        '<title type="main">The Beginning</title> In the <w lemma="x">beginning</w> was light. ',
+        'Linked text here<note placement="foot">a footnote</note> , and more. ',
+        '<div sID="p1" type="x-p"/>A second paragraph. ',
+    ],
+    ['<chapter osisID="Gen.2" sID="Gen.2"/>', "Chapter two text &amp; more. "],
 ]
 
 
@@ -177,18 +199,18 @@ def sources(tmp_path):
 @pytest.mark.parametrize("width", [10, 12])
 def test_sword_blocks_decode_in_order_and_skip_links(width):
     idx, data, verses = sword_module(CHAPTERS, width)
-    texts = C.sword_entries(idx, data, verses)
+    texts = archives.sword_entries(idx, data, verses)
     assert texts == [e for ch in CHAPTERS for e in ch]  # the linked verse is read once
 
 
 def test_sword_bad_index_is_an_error():
     idx, data, verses = sword_module(CHAPTERS)
     with pytest.raises(C.SourceError):
-        C.sword_entries(idx, data, verses[:-3] + b"\xff\xff\xff")
+        archives.sword_entries(idx, data, verses[:-3] + b"\xff\xff\xff")
 
 
 def test_osis_cleaning_and_chapter_documents():
-    docs = C.osis_documents([e for ch in CHAPTERS for e in ch], "test")
+    docs = archives.osis_documents([e for ch in CHAPTERS for e in ch], "test")
     assert [k for k, _ in docs] == ["test/Gen.1", "test/Gen.2"]
     assert docs[0][1] == ["The Beginning", "In the beginning was light. Linked text here, and more.",
                           "A second paragraph."]
@@ -198,11 +220,14 @@ def test_osis_cleaning_and_chapter_documents():
 def test_deb_and_r_data(tmp_path):
     p = tmp_path / "a.deb"
     p.write_bytes(deb_bytes({"usr/share/x.txt": b"hello"}))
-    assert C.deb_files(p) == {"usr/share/x.txt": b"hello"}
+    assert archives.deb_files(p) == {"usr/share/x.txt": b"hello"}
     p.write_bytes(b"not a deb")
     with pytest.raises(C.SourceError, match="not a Debian package"):
-        C.deb_files(p)
-    assert C._RData(r_xdr_named_list({"a": ["x", None, "yz"], "b": []})).item() == {"a": ["x", None, "yz"], "b": []}
+        archives.deb_files(p)
+    assert archives._RData(r_xdr_named_list({"a": ["x", None, "yz"], "b": []})).item() == {
+        "a": ["x", None, "yz"],
+        "b": [],
+    }
 
 
 def test_units_split_at_sentences_and_rejoin():
@@ -224,7 +249,7 @@ def test_documents_filter_dedup_and_keep_boundaries(sources):
     assert "&amp;" not in text and "Drop & Co." in text          # entities decoded
     assert "_" not in text and "Emma Woodhouse, handsome, clever, and rich, with a comfortable home" in text
     # the Quoref/DROP passage appears in four tasks, the Gutenberg excerpt in two: kept once each
-    assert text.count(C.tidy(sentence(0))) == 1
+    assert text.count(archives.tidy(sentence(0))) == 1
     assert text.count(sentence(205)) == 1
     assert not any(sentence(212) in p for _, ps in docs for p in ps)  # mostly-seen excerpt dropped
     assert [k for k in ids if k.startswith("austen/")] == ["austen/emma/0", "austen/emma/1", "austen/emma/2"]

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from looped import data as D
+from looped import packing
 from looped.config import PRESETS
 
 BOS = 0
@@ -28,7 +29,7 @@ def test_pack_largest_fit_then_crop_shortest():
     # with BOS the documents are 5, 4, 3 and 6 tokens long; rows hold 8
     a, b, c, d = doc(4, 1), doc(3, 2), doc(2, 3), doc(5, 4)
     st = {}
-    rows = list(D.pack([a, b, c, d], 8, BOS, buffer_size=10, stats=st))
+    rows = list(packing.pack([a, b, c, d], 8, BOS, buffer_size=10, stats=st))
     # row 1: the largest that fits 8 is d (6), not a although a came first; 2 left, nothing
     # fits, so the shortest (c, 3) is cropped to 2 and its last token dropped
     assert rows[0] == [0, 4, 4, 4, 4, 4, 0, 3]
@@ -40,20 +41,20 @@ def test_pack_largest_fit_then_crop_shortest():
 
 def test_pack_exact_fill_ties_and_leftover():
     # 3+3 fills the row exactly; equal lengths are taken in arrival order
-    rows = list(D.pack([doc(2, 1), doc(2, 2), doc(5, 3), doc(2, 4)], 6, BOS, stats=(st := {})))
+    rows = list(packing.pack([doc(2, 1), doc(2, 2), doc(5, 3), doc(2, 4)], 6, BOS, stats=(st := {})))
     assert rows == [[0, 3, 3, 3, 3, 3], [0, 1, 1, 0, 2, 2]]
     assert st["tokens_lost"] == 3  # the final partial row [0, 4, 4] is dropped
     assert st["tokens_in"] == st["rows"] * 6 + st["tokens_lost"]
 
 
 def test_pack_long_document_is_cropped_to_one_row():
-    rows = list(D.pack([doc(20, 7)], 5, BOS, stats=(st := {})))
+    rows = list(packing.pack([doc(20, 7)], 5, BOS, stats=(st := {})))
     assert rows == [[0, 7, 7, 7, 7]] and st["tokens_lost"] == 16 and st["cropped"] == 1
 
 
 def test_pack_buffer_of_one_is_greedy_in_order():
     # with one buffered document there is no choice: the packer sees documents in order
-    rows = list(D.pack([doc(1, 1), doc(5, 2), doc(1, 3)], 4, BOS, buffer_size=1))
+    rows = list(packing.pack([doc(1, 1), doc(5, 2), doc(1, 3)], 4, BOS, buffer_size=1))
     assert rows == [[0, 1, 0, 2]]
 
 
@@ -63,8 +64,8 @@ def test_pack_invariants_random():
     docs = [[i + 1] + [rng.randrange(1000, 1050) for _ in range(rng.randint(0, 14))] for i in range(500)]
     row_len = 17
     st = {}
-    rows = list(D.pack(docs, row_len, BOS, buffer_size=64, stats=st))
-    assert rows == list(D.pack(docs, row_len, BOS, buffer_size=64))  # deterministic
+    rows = list(packing.pack(docs, row_len, BOS, buffer_size=64, stats=st))
+    assert rows == list(packing.pack(docs, row_len, BOS, buffer_size=64))  # deterministic
     assert all(len(r) == row_len and r[0] == BOS for r in rows)
     # split every row at its BOS tokens: each piece is a whole document or, if it ends the
     # row, a prefix of one (cropped); no document appears twice, so none continues elsewhere
@@ -117,13 +118,13 @@ def test_paragraphs_drop_markdown_hard_breaks():
 def shard(tmp_path):
     rows = np.arange(3 * 5).reshape(3, 5) % 11
     path = tmp_path / "s.bin"
-    assert D.write_shard(path, rows, 5, 11) == 3
+    assert packing.write_shard(path, rows, 5, 11) == 3
     return path, rows
 
 
 def test_shard_roundtrip(shard):
     path, rows = shard
-    data, info = D.read_shard(path)
+    data, info = packing.read_shard(path)
     assert data.dtype == np.uint16 and np.array_equal(data, rows)
     assert info["row_len"] == 5 and info["vocab_size"] == 11 and info["n_tokens"] == 15
     assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]  # atomic write
@@ -140,20 +141,20 @@ def test_shard_damage_is_reported_with_the_file_name(shard, damage, message):
     path, _ = shard
     path.write_bytes(damage(path.read_bytes()))
     with pytest.raises(D.DataError, match=message) as e:
-        D.read_shard(path)
+        packing.read_shard(path)
     assert str(path) in str(e.value) and "\n" not in str(e.value)
 
 
 def test_shard_rejects_large_vocab_and_bad_ids(tmp_path):
     with pytest.raises(D.DataError, match="uint16"):
-        D.write_shard(tmp_path / "a.bin", [[1, 2]], 2, 65536)
+        packing.write_shard(tmp_path / "a.bin", [[1, 2]], 2, 65536)
     with pytest.raises(D.DataError, match="outside"):
-        D.write_shard(tmp_path / "b.bin", [[1, 20]], 2, 10)
+        packing.write_shard(tmp_path / "b.bin", [[1, 20]], 2, 10)
 
 
 def test_missing_shard(tmp_path):
     with pytest.raises(D.DataError, match="cannot read"):
-        D.read_shard(tmp_path / "nope.bin")
+        packing.read_shard(tmp_path / "nope.bin")
 
 
 # ---------------------------------------------------------------------------------- reading
@@ -162,9 +163,9 @@ def fake_dataset(root: Path, train_shards, val_rows, row_len=4, vocab=100) -> Pa
     root.mkdir()
     names = []
     for i, rows in enumerate(train_shards):
-        D.write_shard(root / f"train-{i:03d}.bin", rows, row_len, vocab)
+        packing.write_shard(root / f"train-{i:03d}.bin", rows, row_len, vocab)
         names.append(f"train-{i:03d}.bin")
-    D.write_shard(root / "val-000.bin", val_rows, row_len, vocab)
+    packing.write_shard(root / "val-000.bin", val_rows, row_len, vocab)
     meta = {"recipe": D.RECIPE, "seq_len": row_len - 1, "vocab_size": vocab, "bos_id": 0,
             "splits": {"train": {"shards": names}, "val": {"shards": ["val-000.bin"]}}}
     (root / "meta.json").write_text(json.dumps(meta))

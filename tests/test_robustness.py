@@ -10,6 +10,7 @@ from looped import accounting as acc
 from looped.config import model_config
 from looped.fit import FitError, fit
 from looped.solver import RunArrays, law_loss
+from looped.studies import multifit as M
 from looped.studies import robustness as R
 
 LAW = {"A": 8.0, "alpha": 0.15, "B": 300.0, "beta": 0.4, "E": 1.8, "phi": 0.5}
@@ -51,12 +52,12 @@ def test_per_budget_phis_and_trend_recover_a_constant_phi(exact):
 
 
 def test_per_r_fit_recovers_equal_phis_and_nests_looped_fit(exact):
-    X, _ = R.onehot(exact["r"], [2, 4, 8])
-    m = R.fit_multi(exact, X, ["phi_2", "phi_4", "phi_8"], restarts=8, bootstrap=6, boot_restarts=1)
+    X, _ = M.onehot(exact["r"], [2, 4, 8])
+    m = M.fit_multi(exact, X, ["phi_2", "phi_4", "phi_8"], restarts=8, bootstrap=6, boot_restarts=1)
     for lab in ("phi_2", "phi_4", "phi_8"):
         assert abs(m.params[lab] - 0.5) < 0.03
         assert m.n_valid[lab] <= 6 and lab in m.ci
-    one = R.fit_multi(exact, np.ones((len(exact), 1)), ["phi"], restarts=8)   # the paper's law: same optimum
+    one = M.fit_multi(exact, np.ones((len(exact), 1)), ["phi"], restarts=8)   # the paper's law: same optimum
     ref = fit(exact, restarts=100)
     assert one.huber == pytest.approx(ref.huber, rel=1e-6) and one.params["phi"] == pytest.approx(ref.phi, abs=1e-5)
     assert m.huber <= one.huber * (1 + 1e-9)                                  # a freer form fits no worse
@@ -64,7 +65,7 @@ def test_per_r_fit_recovers_equal_phis_and_nests_looped_fit(exact):
 
 def test_kappa_form_recovers_the_multiplier():
     df = runs(noise=1e-4, kappa=0.7)
-    m = R.fit_multi(df, np.ones((len(df), 1)), ["phi"], kappa=True, restarts=16)
+    m = M.fit_multi(df, np.ones((len(df), 1)), ["phi"], kappa=True, restarts=16)
     assert m.params["kappa"] == pytest.approx(0.7, rel=0.05) and m.params["phi"] == pytest.approx(0.5, abs=0.03)
 
 
@@ -72,12 +73,12 @@ def test_objective_gradient_matches_finite_differences(exact):
     X = np.column_stack([np.ones(len(exact)), np.log10(exact["budget"]) - 12.8])
     d = RunArrays.from_frame(exact)
     th = np.r_[R._theta(LAW)[:5], 0.5, 0.05, np.log(0.8)] + 0.01
-    _, g, _, _ = R._batch(th[None], d, X, True, np.ones((1, len(exact))))
+    _, g, _, _ = M._batch(th[None], d, X, True, np.ones((1, len(exact))))
     for i in range(len(th)):
         e = np.zeros_like(th)
         e[i] = 1e-6
-        fp = R._batch((th + e)[None], d, X, True, np.ones((1, len(exact))))[0][0]
-        fm = R._batch((th - e)[None], d, X, True, np.ones((1, len(exact))))[0][0]
+        fp = M._batch((th + e)[None], d, X, True, np.ones((1, len(exact))))[0][0]
+        fm = M._batch((th - e)[None], d, X, True, np.ones((1, len(exact))))[0][0]
         assert (fp - fm) / 2e-6 == pytest.approx(g[0, i], rel=1e-4, abs=1e-10)
 
 
@@ -179,13 +180,20 @@ def test_bad_input_raises_a_clear_error(exact, tmp_path):
 
 def test_json_is_plain():
     out = R._plain({"t": pd.DataFrame({"a": [1.0, np.nan]}), "x": np.float64(2), "n": np.int64(3), "v": (np.nan,)})
-    assert json.loads(json.dumps(out, allow_nan=False)) == {"t": [{"a": 1.0}, {"a": None}], "x": 2.0, "n": 3, "v": [None]}
+    assert json.loads(json.dumps(out, allow_nan=False)) == {
+        "t": [{"a": 1.0}, {"a": None}],
+        "x": 2.0,
+        "n": 3,
+        "v": [None],
+    }
 
 
 def test_phi_vs_compute_tables(exact):
     out = R.phi_vs_compute(exact, restarts=20, bootstrap=3, boot_restarts=1, multi_restarts=4, multi_boot_restarts=1)
     assert set(out) == {"per_budget", "windows", "paper_per_budget", "trend"}
-    assert list(out["windows"][["budget_lo", "budget_hi"]].itertuples(index=False, name=None)) == list(zip(BUDGETS[:-1], BUDGETS[1:]))
+    assert list(out["windows"][["budget_lo", "budget_hi"]].itertuples(index=False, name=None)) == list(
+        zip(BUDGETS[:-1], BUDGETS[1:])
+    )
     np.testing.assert_allclose(out["windows"]["phi"], 0.5, atol=0.03)
     paper = out["paper_per_budget"]
     assert len(paper) == 6 and (paper["n_cells"] == 4).all() and paper["phi"].between(0.2, 0.8).all()
@@ -194,4 +202,4 @@ def test_phi_vs_compute_tables(exact):
 
 def test_fit_multi_rejects_a_design_that_does_not_line_up(exact):
     with pytest.raises(FitError, match="rows"), pytest.warns(UserWarning, match="status"):
-        R.fit_multi(exact.assign(status=["ok"] * (len(exact) - 1) + ["failed"]), np.ones((len(exact), 1)), ["phi"])
+        M.fit_multi(exact.assign(status=["ok"] * (len(exact) - 1) + ["failed"]), np.ones((len(exact), 1)), ["phi"])

@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from looped import accounting, data, memory, optim  # noqa: E402
+from looped import accounting, data, memory, optim, packing  # noqa: E402
 from looped import train as trainer  # noqa: E402
 from looped.config import get_preset, model_config  # noqa: E402
 from looped.model import LoopedGPT  # noqa: E402
@@ -60,7 +60,9 @@ class Check:
     def _spec(self):
         if not self.cuda:
             return None
-        spec = memory.gpu_spec(torch.cuda.get_device_name(self.dev), torch.cuda.get_device_properties(self.dev).total_memory)
+        spec = memory.gpu_spec(
+            torch.cuda.get_device_name(self.dev), torch.cuda.get_device_properties(self.dev).total_memory
+        )
         return spec[1] if spec else None
 
     def left(self):
@@ -186,7 +188,7 @@ class Check:
         d.mkdir(parents=True, exist_ok=True)
         splits = {}
         for split, n in (("train", n_train), ("val", n_val)):
-            data.write_shard(d / f"{split}-000.bin", make(n), T + 1, p.vocab_size)
+            packing.write_shard(d / f"{split}-000.bin", make(n), T + 1, p.vocab_size)
             splits[split] = {"shards": [f"{split}-000.bin"], "rows": n, "tokens": n * (T + 1), "docs": n,
                              "waste": 0.0}
         (d / "meta.json").write_text(json.dumps({

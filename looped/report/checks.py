@@ -154,7 +154,6 @@ def checked_fits(key: str, fits, cs, active: bool = True) -> str:
     """The nbval check of a case study's fit table (`fits`: one row per fit with runs, phi,
     phi_lo, phi_hi, alpha, beta, E, r2) and of its change in phi: run counts exactly, fitted
     numbers within tolerances of the recorded references (`looped.report.checks.checked`)."""
-    from ..report import checks
     lines = ["fits: " + ", ".join(f"{row.fit}: {int(row.runs)} runs" for row in fits.itertuples())]
     tol = {"phi": 0.02, "phi_lo": 0.05, "phi_hi": 0.05, "alpha": 0.02, "beta": 0.02, "E": 0.05, "r2": 1e-3}
     measured = {f"{row.fit} {k}": getattr(row, k) for row in fits.itertuples() for k in tol}
@@ -164,5 +163,5 @@ def checked_fits(key: str, fits, cs, active: bool = True) -> str:
         if cs.delta_phi_ci:
             measured["change lo"], measured["change hi"] = cs.delta_phi_ci
             tolerances["change lo"] = tolerances["change hi"] = 0.05
-    lines.append(checks.checked(key, measured, tolerances, active=active))
+    lines.append(checked(key, measured, tolerances, active=active))
     return "\n".join(lines)

@@ -6,7 +6,10 @@ cheap.  Every function draws on axes it is given (or makes its own) and returns 
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ..config import R_VALUES, model_config
+from ..studies.architecture import accounting_grid
 from ..studies.paper import PAPER_PHI
 from .fit_figures import (  # noqa: F401
     plot_bootstrap,
@@ -84,9 +87,13 @@ def draw_topology(ax=None, r: int = 4, preset: str = "paper", injection: str | N
         ax.annotate("", xy=(xs["inj"], y - 0.42), xytext=(xs["pre"] + 0.3, y - 0.42),
                     arrowprops=dict(arrowstyle="-|>", color="0.45", lw=1.0, ls="--",
                                     connectionstyle="arc3,rad=0.5"))
-        ax.text((xs["pre"] + xs["inj"]) / 2 + 0.15, y - 1.05, "e (prelude output)", ha="center", fontsize=8, color="0.35")
+        ax.text(
+            (xs["pre"] + xs["inj"]) / 2 + 0.15, y - 1.05, "e (prelude output)", ha="center", fontsize=8, color="0.35"
+        )
     else:
-        _box(ax, (xs["inj"] + xs["norm"]) / 2, y, 3.6, 0.8, f"{cfg.n_loop_layers} plain blocks, run once", colors["once"])
+        _box(
+            ax, (xs["inj"] + xs["norm"]) / 2, y, 3.6, 0.8, f"{cfg.n_loop_layers} plain blocks, run once", colors["once"]
+        )
         _arrow(ax, xs["pre"] + 0.6, y, xs["inj"] - 0.6, y)
         _arrow(ax, xs["norm"] + 0.5, y, xs["coda"] - 0.6, y)
     _box(ax, xs["coda"], y, 1.2, 0.8, f"coda\n{cfg.n_coda} blocks", colors["once"])
@@ -108,12 +115,13 @@ def plot_accounting_vs_r(ax=None, s_values=(6, 10, 20, 34), phi: float = PAPER_P
     import matplotlib.pyplot as plt
     import seaborn as sns
 
-    from ..studies.architecture import accounting_grid
     grid = accounting_grid(preset, s_values=s_values, phi=phi)
     base = grid[grid.r == 1].set_index("s")
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 4))
-    palette = dict(zip(("training FLOPs / token", f"effective N (φ = {phi})", "unique N"), sns.color_palette("deep", 3)))
+    palette = dict(
+        zip(("training FLOPs / token", f"effective N (φ = {phi})", "unique N"), sns.color_palette("deep", 3))
+    )
     styles = dict(zip(s_values, ("-", "--", "-.", ":")))
     for s in s_values:
         g = grid[grid.s == s]
@@ -138,7 +146,6 @@ def plot_iso_flop_curves(table, axes=None, min_runs: int = 3, unit: str = "nats"
     and its vertex (a star when it lies inside the bracket and is a minimum, a cross otherwise).
     """
     import matplotlib.pyplot as plt
-    import numpy as np
     from matplotlib.lines import Line2D
     r_values = sorted(table.r.unique())
     if axes is None:
@@ -172,7 +179,9 @@ def plot_iso_flop_curves(table, axes=None, min_runs: int = 3, unit: str = "nats"
         ax.set_xlabel("unique non-embedding params N")
         ax.grid(alpha=0.3, which="both")
     axes[0].set_ylabel(f"final validation loss ({unit})")
-    handles = [Line2D([], [], color=c, marker="o", ls="-", label=f"C = {power_of_ten(b)} FLOPs") for b, c in colors.items()]
+    handles = [
+        Line2D([], [], color=c, marker="o", ls="-", label=f"C = {power_of_ten(b)} FLOPs") for b, c in colors.items()
+    ]
     handles += [Line2D([], [], color="0.5", marker="*", ms=12, mec="black", ls="", label="parabola vertex (inside)"),
                 Line2D([], [], color="black", marker="x", ms=8, ls="", label="best run (vertex outside)")]
     axes[-1].legend(handles=handles, fontsize=LEGEND_FONTSIZE, loc="best")
@@ -250,7 +259,6 @@ def plot_case_study_isoflop(axes, baseline_runs, variant_runs, label: str, r_val
     every budget, the case study (solid, filled) beside the baseline runs (dashed, open).  The
     legend goes into ``legend_ax`` (e.g. the spare panel of a 2x2 grid, switched off) when given,
     else to the right of the last panel."""
-    import numpy as np
     budgets = sorted(set(baseline_runs["budget"].astype(float)) | set(variant_runs["budget"].astype(float)))
     colors = budget_colors(budgets)
     axes = np.atleast_1d(axes)

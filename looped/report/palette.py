@@ -8,6 +8,9 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
+import pandas as pd
+
+from ..studies.registry import GRID_FILES
 from .tables import eng
 
 # one colour per r (colour-blind safe, Okabe-Ito): the plain model dark grey, looped models
@@ -35,9 +38,7 @@ def r_color(r) -> str:
 @lru_cache(maxsize=None)
 def _grid_budgets() -> tuple:
     """The sorted training budgets of each grid file (the paper's, ours), one tuple per grid."""
-    import pandas as pd
 
-    from ..studies.registry import GRID_FILES
     return tuple(tuple(sorted(float(b) for b in pd.read_csv(p)["budget_flops"].unique()))
                  for p in GRID_FILES.values() if p.exists())
 

@@ -8,14 +8,16 @@ Torch is imported only by the functions that build models.
 """
 from __future__ import annotations
 
+import numpy as np
+import pandas as pd
+
 from .. import accounting as acc
-from ..config import R_VALUES, model_config
+from ..config import R_VALUES, get_preset, model_config
 from .paper import PAPER_PHI, paper_table
 
 
 def accounting_grid(preset: str = "paper", s_values=None, r_values=R_VALUES, phi: float = PAPER_PHI):
     """N, N_once, N_rec, N_eff and training FLOPs/token for every (s, r), one row each."""
-    import pandas as pd
     if s_values is None:
         s_values = sorted(paper_table("unique_params")["s"].unique())
     rows = []
@@ -47,8 +49,6 @@ def table6_comparison():
     whether the two agree at that precision, and how far the exact FLOPs lie from the printed
     ones in units of the last printed digit (0.5 is the most plain rounding can explain).
     """
-    import numpy as np
-    import pandas as pd
     params = paper_table("unique_params")
     flops = paper_table("train_flops_per_token")
     grid = accounting_grid(s_values=sorted(params["s"].unique()))
@@ -75,7 +75,6 @@ def table6_comparison():
 def live_parameter_check(preset: str = "tiny", s: float = 4, r_values=R_VALUES,
                          injections=("linear", "additive", "passthrough", "hyperconnect")):
     """Build each model for real and compare its parameter count with the accounting's N."""
-    import pandas as pd
     import torch
 
     from ..model import LoopedGPT
@@ -85,8 +84,17 @@ def live_parameter_check(preset: str = "tiny", s: float = 4, r_values=R_VALUES,
         for inj in (("none",) if r == 1 else ()) + tuple(injections):
             cfg = model_config(preset, r=r, s=s, injection=inj)
             live = LoopedGPT(cfg).non_embedding_params()
-            rows.append(dict(r=r, injection=inj, d_model=cfg.d_model, layers=f"{cfg.n_prelude}-{cfg.n_loop_layers}x{r}-{cfg.n_coda}",
-                             n_accounting=acc.n_params(cfg), n_live=live, equal=acc.n_params(cfg) == live))
+            rows.append(
+                dict(
+                    r=r,
+                    injection=inj,
+                    d_model=cfg.d_model,
+                    layers=f"{cfg.n_prelude}-{cfg.n_loop_layers}x{r}-{cfg.n_coda}",
+                    n_accounting=acc.n_params(cfg),
+                    n_live=live,
+                    equal=acc.n_params(cfg) == live,
+                )
+            )
     return pd.DataFrame(rows)
 
 
@@ -122,7 +130,6 @@ def truncation_check(preset: str = "tiny", s: float = 4, r: int = 8, k: int = 4,
     """
     from dataclasses import replace
 
-    import pandas as pd
     import torch
 
     from ..model import LoopedGPT
@@ -153,7 +160,6 @@ def hyperconnection_check(preset: str = "tiny", s: float = 4, r: int = 4, lanes:
     K (e + s_0 + ... + s_{r-1}).  Returns (table with columns step, reads_lane, max_abs_diff;
     the largest absolute difference between the coda's input and K times e plus all states).
     """
-    import pandas as pd
     import torch
 
     from ..model import LoopedGPT
@@ -180,9 +186,7 @@ def hyperconnection_check(preset: str = "tiny", s: float = 4, r: int = 4, lanes:
 
 def preset_comparison(names=("paper", "cpu")):
     """The knobs of two presets side by side (rows: depth, width rule, heads, T, vocab, batch)."""
-    import pandas as pd
 
-    from ..config import get_preset
     out = {}
     for name in names:
         p = get_preset(name)
@@ -206,7 +210,6 @@ def flops_shares(preset: str = "cpu", s_values=(1, 2, 4, 6), r: int = 1):
 
     The three shares add up to 1 for full backpropagation (injection FLOPs count as weights).
     """
-    import pandas as pd
     rows = []
     for s in s_values:
         cfg = model_config(preset, r=r, s=s)

@@ -11,6 +11,15 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
+from .. import accounting
+from ..config import ConfigError, get_preset, model_config
+from ..fit import bootstrap_weights, fit
+from ..io import atomic_write_json
+from ..solver import LO, WIDTH, RunArrays, lbfgsb, objective, random_starts, serial_fit, solve_restarts
+from .paper import PAPER_LAW, synthetic_runs
+
 PATHS = ("eager", "fast")
 
 
@@ -32,8 +41,6 @@ def measure_train(preset: str = "cpu", sizes=(6, 32, 64), r_values=(1, 4), steps
     """
     import torch
 
-    from .. import accounting
-    from ..config import get_preset, model_config
     from ..train import matmul_peak
 
     unknown = set(paths) - set(PATHS)
@@ -116,7 +123,6 @@ def profile_step(preset: str = "prose", s: float = 4, r: int = 1, fast: bool = T
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from ..config import get_preset, model_config
     p = get_preset(preset)
     cfg = model_config(p, r=int(r), s=float(s))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -153,7 +159,6 @@ def bench_train(argv) -> int:
 
     import torch
 
-    from ..config import ConfigError
 
     ap = argparse.ArgumentParser(prog="looped bench train")
     ap.add_argument("--preset", default="cpu")
@@ -182,7 +187,8 @@ def bench_train(argv) -> int:
     print(f"{kind}, {torch.get_num_threads()} threads; "
           + (f"peak (given): {peak / 1e9:.1f} GFLOP/s" if a.peak_flops else
              f"matmul peak ({a.peak_size}^3): {peak / 1e9:.1f} GFLOP/s"))
-    print(f"{'s':>4} {'r':>2} {'d':>5} {'path':>6} {'ms/step':>8} {'tokens/s':>10} {'GFLOP/s':>8} {'MFU':>6} {'warm-up':>8}")
+    print(f"{'s':>4} {'r':>2} {'d':>5} {'path':>6} {'ms/step':>8} {'tokens/s':>10} {'GFLOP/s':>8} "
+          f"{'MFU':>6} {'warm-up':>8}")
     for x in rows:
         print(f"{x['s']:>4g} {x['r']:>2} {x['d_model']:>5} {x['path']:>6} {x['ms_per_step']:>8.1f} "
               f"{x['tokens_per_s']:>10,.0f} {x['gflops_per_s']:>8.2f} {x['mfu']:>6.1%} {x['warmup_s']:>7.1f}s")
@@ -190,7 +196,6 @@ def bench_train(argv) -> int:
     if ratios:
         print("fast / eager steps per second: " + ", ".join(f"s={s:g} r={r}: {v:.2f}x" for (s, r), v in ratios.items()))
     if a.json:
-        from ..io import atomic_write_json
         atomic_write_json(Path(a.json), {"preset": a.preset, "device": kind, "threads": torch.get_num_threads(),
                                          "peak_flops": peak, "peak_size": a.peak_size, "rows": rows,
                                          "speedups": [{"s": s, "r": r, "fast_over_eager": v}
@@ -202,7 +207,6 @@ def bench_profile(argv) -> int:
     """`looped bench profile`: the share of a training step each part takes (see profile_step)."""
     import torch
 
-    from ..config import ConfigError
     ap = argparse.ArgumentParser(prog="looped bench profile")
     ap.add_argument("--preset", default="prose")
     ap.add_argument("--s", type=float, default=4, help="width knob (prose: d = 8 s)")
@@ -223,7 +227,6 @@ def bench_profile(argv) -> int:
     print(f"{a.preset} s={a.s:g} (d={out['d_model']}) r={a.r}, {a.path} path, {out['threads']} thread(s): "
           f"{out['ms_per_step']:.0f} ms/step; " + ", ".join(f"{k} {v:.0%}" for k, v in out["shares"].items()))
     if a.json:
-        from ..io import atomic_write_json
         atomic_write_json(Path(a.json), {**out, "command": "looped bench profile " + " ".join(argv)})
     return 0
 
@@ -262,11 +265,7 @@ def bench_fit(argv=None) -> int:
                     help="starts per checked resample solved by serial scipy")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
-    import numpy as np
 
-    from ..fit import bootstrap_weights, fit
-    from ..solver import LO, WIDTH, RunArrays, lbfgsb, objective, random_starts, serial_fit, solve_restarts
-    from .paper import PAPER_LAW, synthetic_runs
     df = synthetic_runs(seed=a.seed)
     data = RunArrays.from_frame(df)
     free = np.ones(6, bool)

@@ -272,7 +272,10 @@ def paper_protocol(main_df, variant_df, budgets=None, restarts=100, bootstrap=20
 # ------------------------------------------------------------------ simulation
 
 def _key3(df):
-    return [(float(f"{b:.6g}"), float(r), round(float(s), 6)) for b, r, s in df[["budget", "r", "s"]].itertuples(index=False)]
+    return [
+        (float(f"{b:.6g}"), float(r), round(float(s), 6))
+        for b, r, s in df[["budget", "r", "s"]].itertuples(index=False)
+    ]
 
 
 def law_residuals(law: FitResult, main_df) -> dict:
@@ -305,7 +308,11 @@ def simulate_estimators(main_df, variant_df, true_dphi, n_reps=None, seed=0, con
     n_reps / restarts / bootstrap default to FULL, or to QUICK (few of each) with `quick`.
     One row per estimator ('paired_offset:offset' is the offset); attrs['raw'] holds every rep."""
     cfg = QUICK if quick else FULL
-    n_reps, restarts, bootstrap = n_reps or cfg["n_reps"], restarts or cfg["restarts"], bootstrap or cfg["sim_bootstrap"]
+    n_reps, restarts, bootstrap = (
+        n_reps or cfg["n_reps"],
+        restarts or cfg["restarts"],
+        bootstrap or cfg["sim_bootstrap"],
+    )
     boot_restarts = cfg["boot_restarts"] if boot_restarts is None else boot_restarts
     law0 = main_law(main_df, restarts, seed)
     resid, rng, rows = law_residuals(law0, main_df), np.random.default_rng(seed), []
@@ -365,7 +372,9 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", default="runs")
     ap.add_argument("--quick", action="store_true", help="few restarts, resamples and simulation reps")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--seed-sd", type=float, default=None, help="simulation noise (nats); default: measured, else 0.011")
+    ap.add_argument(
+        "--seed-sd", type=float, default=None, help="simulation noise (nats); default: measured, else 0.011"
+    )
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--true-dphi", type=float, default=None, help="default: each study's paired estimate")
     a = ap.parse_args(argv)
