@@ -54,15 +54,9 @@ PRESETS = {
     # paper's head_dim 128 (so every CPU width is a single head of dim d), a 1024-token BPE
     # trained on the embedded Shakespeare corpus, T 128, 8 rows per step.
     "cpu": Preset("cpu", 4, 2, 128, 1, 1, 8, 128, 1024, 64, 1_024, 4),
-    # The CPU study's preset on the embedded prose corpus (`make corpus`): the paper's
-    # template at effective depth 10 (1 + 8 + 1), d = 8 s in steps of 8 and head_dim 8, so that
-    # every width from d = 16 up has at least two heads (the paper's head_dim 128 would leave our
-    # widths a single head), a 2048-token BPE, T 128, 16 rows (2048 tokens) per step, the HyperP
-    # reference at s = 8 (d = 64).  The pilot (runs/prose_grids.csv) chose the widths; at 3e12
-    # FLOPs 2048 tokens per step beat 4096 by 0.017-0.077 nats (the runs are only 228-1,355 steps
-    # long) at the same tokens per second on this CPU (study prose-batch).  lr_scale 1.4 re-bases
-    # HyperP's transfer: at the reference width and 1e13 FLOPs the paper's multiplier 1 was
-    # 0.015 (r = 1) and 0.021 (r = 4) nats worse than the best, 1.4 within 0.005 of it (prose-lr).
+    # The CPU study's preset on the embedded prose corpus (`make corpus`): 1 + 8 + 1 layers,
+    # d = 8 s with head_dim 8 (at least two heads from d = 16), a 2048-token BPE, T 128, 2048
+    # tokens per step (studies prose-batch and prose-lr chose the batch and lr_scale 1.4).
     "prose": Preset("prose", 8, 8, 8, 1, 1, 8, 128, 2048, 64, 2_048, 8, 131_072, lr_scale=1.4),
     # A toy preset for unit tests: a forward+backward takes milliseconds.
     "tiny": Preset("tiny", 8, 16, 16, 1, 1, 8, 32, 256, 64, 256, 4, 4_096),
