@@ -53,7 +53,9 @@ def r2_gap_sentence(ours_r2, paper_r2, seed_sd: float | None) -> str:
     lo, hi = min(ours_r2), max(ours_r2)
     text = f"Our $r = 2$ pays {lo:.3f} to {hi:.3f} nats"
     if lo > max(paper_r2):
-        text += ", more than the paper's $r = 2$ at any budget, and so sits closer to $r = 4$ and $r = 8$ than in the paper"
+        text += (
+            ", more than the paper's $r = 2$ at any budget, and so sits closer to $r = 4$ and $r = 8$ than in the paper"
+        )
     elif hi < min(paper_r2):
         text += ", less than the paper's $r = 2$ at any budget"
     else:
@@ -76,7 +78,11 @@ def cost_paragraph(gpu: bool, achieved_flops: float, peak_flops: float, smallest
         return (f"Against the GPU's spec peak of {peak_flops / 1e12:.0f} TFLOP/s (dense bf16) that is "
                 f"{achieved_flops / peak_flops:.0%} model-FLOPs utilisation.")
     years = smallest_paper_run_flops / achieved_flops / 3.15e7
-    when = "about a year" if 0.75 <= years < 1.5 else (f"{years:.0f} years" if years >= 1.5 else f"{years * 12:.0f} months")
+    when = (
+        "about a year"
+        if 0.75 <= years < 1.5
+        else (f"{years:.0f} years" if years >= 1.5 else f"{years * 12:.0f} months")
+    )
     return (f"A large fp32 matrix product on the same cores, measured while this page ran (a figure that drops "
             f"whenever other jobs share the cores), reaches {peak_flops / 1e9:.0f} GFLOP/s, "
             f"{peak_flops / achieved_flops:.0f} times more.  The right panel shows why: the achieved rate climbs "

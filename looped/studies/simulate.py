@@ -81,8 +81,10 @@ def write_law_records(study: str, out, **kw) -> list[Path]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m looped.studies.simulate",
-                                 description="write law-generated records of a study (to try the chapters without a GPU)")
+    ap = argparse.ArgumentParser(
+        prog="python -m looped.studies.simulate",
+        description="write law-generated records of a study (to try the chapters without a GPU)",
+    )
     ap.add_argument("study", help=", ".join(STUDIES))
     ap.add_argument("--out", required=True, help="folder for the records")
     ap.add_argument("--noise", type=float, default=0.01, help="Gaussian noise on each loss (nats)")
