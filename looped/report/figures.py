@@ -150,7 +150,7 @@ def plot_iso_flop_curves(table, axes=None, min_runs: int = 3, unit: str = "nats"
     r_values = sorted(table.r.unique())
     if axes is None:
         _, axes = plt.subplots(1, len(r_values), figsize=(3.4 * len(r_values), 3.6), sharey=True)
-    axes = np.atleast_1d(axes)
+    axes = np.atleast_1d(axes).ravel()
     colors = budget_colors(table.budget.unique())
     ok = table[(table.status == "ok") & table.loss.notna()]
     for ax, r in zip(axes, r_values):
@@ -178,36 +178,42 @@ def plot_iso_flop_curves(table, axes=None, min_runs: int = 3, unit: str = "nats"
         ax.set_title(f"r = {r}")
         ax.set_xlabel("unique non-embedding params N")
         ax.grid(alpha=0.3, which="both")
-    axes[0].set_ylabel(f"final validation loss ({unit})")
+    for ax in axes[::2] if len(axes) == 4 else axes[:1]:
+        ax.set_ylabel(f"final validation loss ({unit})")
     handles = [
         Line2D([], [], color=c, marker="o", ls="-", label=f"C = {power_of_ten(b)} FLOPs") for b, c in colors.items()
     ]
     handles += [Line2D([], [], color="0.5", marker="*", ms=12, mec="black", ls="", label="parabola vertex (inside)"),
                 Line2D([], [], color="black", marker="x", ms=8, ls="", label="best run (vertex outside)")]
-    axes[-1].legend(handles=handles, fontsize=LEGEND_FONTSIZE, loc="best")
+    if len(axes) == 4:  # 2 x 2: one legend below the panels
+        axes[0].figure.legend(handles=handles, loc="lower center", ncol=3, fontsize=LEGEND_FONTSIZE + 1, frameon=False)
+    else:
+        axes[-1].legend(handles=handles, fontsize=LEGEND_FONTSIZE, loc="best")
     return axes
 
 
 def plot_minima_vs_budget(paper, ours=None, axes=None):
-    """The paper's published minima per r against the budget: N* (left), L* (middle), and the
-    tokens per unique parameter at the minimum (right) with our CPU minima beside the paper's.
+    """The paper's published minima per r against the budget: N*, L*, and the tokens per unique
+    parameter at the minimum with the shown study's bracketed minima beside the paper's; a fourth
+    axis, if given, holds the legend.
 
-    The right panel puts each study's budgets relative to its own smallest, so two grids five
+    The third panel puts each study's budgets relative to its own smallest, so two grids five
     decades apart share one axis instead of leaving it empty in between."""
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
     if axes is None:
-        _, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+        _, axes = plt.subplots(2, 2, figsize=(9, 7.2))
+    axes = np.atleast_1d(axes).ravel()
     for r in R_VALUES:
         g = paper[paper.r == r].sort_values("budget")
         axes[0].plot(g.budget, g.n_star / 1e6, "o-", color=r_color(r), label=f"r = {r}")
         axes[1].plot(g.budget, g.loss_star, "o-", color=r_color(r), label=f"r = {r}")
-        axes[2].plot(g.budget / paper.budget.min(), g.tokens_per_param, "o-", color=r_color(r), label=f"paper, r = {r}")
+        axes[2].plot(g.budget / paper.budget.min(), g.tokens_per_param, "o-", color=r_color(r))
         if ours is not None and len(ours):
             o = ours[(ours.r == r) & ours.inside.fillna(False).astype(bool) & ours.opens_up.fillna(False).astype(bool)]
             if len(o):
-                axes[2].plot(o.budget / ours.budget.min(), o.tokens_per_param, "s--", color=r_color(r), mfc="white",
-                             label=f"ours, r = {r}")
-    for ax in axes:
+                axes[2].plot(o.budget / ours.budget.min(), o.tokens_per_param, "s--", color=r_color(r), mfc="white")
+    for ax in axes[:3]:
         ax.set_xscale("log")
         ax.set_xlabel("training budget C (FLOPs)")
         ax.grid(alpha=0.3, which="both")
@@ -220,8 +226,14 @@ def plot_minima_vs_budget(paper, ours=None, axes=None):
     axes[2].set_yscale("log")
     plain_log_axis(axes[2].yaxis)
     axes[2].set_ylabel("tokens per unique param at N*")
-    axes[0].legend(fontsize=8)
-    axes[2].legend(fontsize=LEGEND_FONTSIZE, ncol=2, loc="upper right")
+    handles = [Line2D([], [], color=r_color(r), lw=2, label=f"r = {r}") for r in R_VALUES]
+    handles += [Line2D([], [], color="0.3", marker="o", ls="-", label="the paper's minima"),
+                Line2D([], [], color="0.3", marker="s", mfc="white", ls="--", label="the study shown (bracketed cells)")]
+    if len(axes) > 3:  # a legend panel
+        axes[3].axis("off")
+        axes[3].legend(handles=handles, loc="center", fontsize=LEGEND_FONTSIZE + 1, frameon=False)
+    else:
+        axes[2].legend(handles=handles, fontsize=LEGEND_FONTSIZE, ncol=2, loc="upper right")
     return axes
 
 

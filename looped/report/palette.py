@@ -24,7 +24,7 @@ BUDGET_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 OURS_COLOR, PAPER_COLOR = "#4c72b0", "#dd8452"   # our estimates beside the published ones
 
 
-LEGEND_FONTSIZE = 8       # the smallest text in a figure; panels are sized so this stays readable
+LEGEND_FONTSIZE = 9       # the smallest text in a figure; panels are sized so this stays readable
 
 
 _SYMBOLS = {"phi": "φ", "alpha": "α", "beta": "β"}
