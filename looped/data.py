@@ -39,7 +39,7 @@ from .config import REPO, DataError, Preset, get_preset
 from .corpus import VERSION as CORPUS_VERSION
 from .corpus import fineweb_texts, is_val_text, paragraphs, shakespeare_plays
 from .packing import pack, read_shard, write_shard
-from .tokenizers import gpt2_tiktoken, hf_tokenizer, load_tokenizer, train_bpe
+from .tokenizers import check_llama2, gpt2_tiktoken, hf_tokenizer, load_tokenizer, train_bpe
 
 RECIPE = 1            # bump when documents/tokenizer/packing change: cached dirs get rebuilt
 SEED = 42             # the paper's seed; fixes document order (and hence row order)
@@ -182,6 +182,8 @@ def _build_prose(out: Path, p: Preset, buffer_size: int, source, shard_rows: int
 
 def _build_fineweb(out: Path, p: Preset, buffer_size: int, source, tokenizer, max_tokens, shard_rows) -> dict:
     tok = gpt2_tiktoken() if tokenizer == "gpt2" else hf_tokenizer(tokenizer)
+    if p.name == "paper" and tokenizer != "gpt2":
+        check_llama2(tok, tokenizer)  # any copy of Llama-2's tokenizer.json, gated or not, but only that
     if tok.vocab_size > p.vocab_size:
         raise DataError(f"tokenizer has {tok.vocab_size} tokens, preset {p.name!r} allows {p.vocab_size}")
     tok.save(out)

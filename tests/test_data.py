@@ -246,7 +246,7 @@ def test_fineweb_texts_local_files_and_iterables(tmp_path):
 SMALL = replace(PRESETS["paper"], seq_len=16, vocab_size=50257)  # the paper's pipeline, tiny rows
 
 
-def test_paper_pipeline_on_local_files(tmp_path):
+def test_paper_pipeline_on_local_files(tmp_path, monkeypatch):
     write_corpus(tmp_path / "fw")
     preset = SMALL
     path = D.prepare(preset, tmp_path / "data", source=tmp_path / "fw", tokenizer="gpt2", shard_rows=50)
@@ -257,9 +257,14 @@ def test_paper_pipeline_on_local_files(tmp_path):
     assert len(meta["splits"]["train"]["shards"]) > 1 and ds.n_rows("val") > 0
     rows = ds.rows("train", 0, ds.n_rows("train"))
     assert (rows[:, 0] == 50256).all() and rows.shape[1] == 17
-    # a local tokenizer.json (stand-in for Llama-2's) works the same way
+    # a local tokenizer.json (stand-in for Llama-2's, so its digest stands in for Llama-2's) works the same way
     tok = D.train_bpe(D.fineweb_texts(tmp_path / "fw"), 300)
     tok.save(tmp_path)
+    from looped import tokenizers
+
+    monkeypatch.setattr(
+        tokenizers, "LLAMA2_DIGEST", tokenizers.vocabulary_digest(D.load_tokenizer(tmp_path / "tokenizer.json"))
+    )
     path2 = D.prepare(replace(preset, vocab_size=32001), tmp_path / "data", source=tmp_path / "fw",
                       tokenizer=tmp_path / "tokenizer.json")
     assert path2.name == "fineweb-edu-llama2-T16" and D.Dataset(path2).bos_id == 0
@@ -351,3 +356,22 @@ def test_cli(tiny, capsys):
     assert D.main(["prepare", "--preset", "nope", "--data-dir", str(root)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "unknown preset" in err
+
+
+def test_the_paper_preset_takes_only_llama2s_vocabulary(tmp_path, monkeypatch):
+    """Any copy of Llama-2's tokenizer.json is accepted (ungated ones too), anything else is refused
+    in one line; the check compares the vocabulary and merges' digests, not file bytes."""
+    from looped import tokenizers
+    texts = write_corpus(tmp_path / "fw")
+    tok = D.train_bpe(D.fineweb_texts(tmp_path / "fw"), 300)
+    tok.save(tmp_path)
+    stand_in = D.load_tokenizer(tmp_path / "tokenizer.json")
+    with pytest.raises(D.DataError, match="not Llama-2's tokenizer .its vocabulary differs"):
+        D.prepare("paper", tmp_path / "data", source=texts, tokenizer=tmp_path / "tokenizer.json")
+    assert not [p for p in (tmp_path / "data").iterdir() if p.is_dir()]  # no half-built dataset
+    # the same file passes once its digest is the expected one (as a real Llama-2 copy's is)
+    monkeypatch.setattr(tokenizers, "LLAMA2_DIGEST", tokenizers.vocabulary_digest(stand_in))
+    tokenizers.check_llama2(stand_in, "stand-in")
+    digest = tokenizers.vocabulary_digest(stand_in)
+    assert digest == tokenizers.vocabulary_digest(D.load_tokenizer(tmp_path / "tokenizer.json"))
+    assert len(digest["vocab"]) == len(digest["merges"]) == 64 and digest["vocab_size"] <= 300
