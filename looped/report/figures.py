@@ -65,7 +65,7 @@ def draw_topology(ax=None, r: int = 4, preset: str = "paper", injection: str | N
     colors = dict(io="#e8e8e8", once="#9ecae1", rec="#fdae6b", inj="#c7e9c0", norm="#f0f0f0")
     y = 0.0
     xs = dict(emb=0.6, pre=2.0, inj=3.6, rec=5.3, norm=6.8, coda=8.3, head=9.7)
-    _box(ax, xs["emb"], y, 1.0, 0.8, "embed\n+ RMSNorm", colors["io"])
+    _box(ax, xs["emb"], y, 1.15, 0.8, "embed\n+ RMSNorm", colors["io"])
     _box(ax, xs["pre"], y, 1.2, 0.8, f"prelude\n{cfg.n_prelude} blocks", colors["once"])
     inj_text = {"linear": "inject\nW[e; s]", "additive": "inject\ns + e", "passthrough": "inject\ns",
                 "hyperconnect": f"read lanes\n(K={cfg.lanes})", "none": ""}[cfg.injection]
@@ -97,11 +97,11 @@ def draw_topology(ax=None, r: int = 4, preset: str = "paper", injection: str | N
         _arrow(ax, xs["pre"] + 0.6, y, xs["inj"] - 0.6, y)
         _arrow(ax, xs["norm"] + 0.5, y, xs["coda"] - 0.6, y)
     _box(ax, xs["coda"], y, 1.2, 0.8, f"coda\n{cfg.n_coda} blocks", colors["once"])
-    _box(ax, xs["head"], y, 1.0, 0.8, "RMSNorm\n+ LM head", colors["io"])
-    _arrow(ax, xs["emb"] + 0.5, y, xs["pre"] - 0.6, y)
-    _arrow(ax, xs["coda"] + 0.6, y, xs["head"] - 0.5, y)
+    _box(ax, xs["head"], y, 1.15, 0.8, "RMSNorm\n+ LM head", colors["io"])
+    _arrow(ax, xs["emb"] + 0.575, y, xs["pre"] - 0.6, y)
+    _arrow(ax, xs["coda"] + 0.6, y, xs["head"] - 0.575, y)
     ax.set_xlim(-0.1, 10.4)
-    ax.set_ylim(-1.4, 1.8)
+    ax.set_ylim(-1.4, 1.8) if cfg.looped else ax.set_ylim(-0.6, 0.6)  # no loop arrow: no empty band
     ax.set_aspect("equal")
     ax.axis("off")
     ax.set_title(f"r = {cfg.r}: {cfg.n_prelude} + {cfg.n_loop_layers}x{cfg.r} + {cfg.n_coda} = "
@@ -122,21 +122,20 @@ def plot_accounting_vs_r(ax=None, s_values=(6, 10, 20, 34), phi: float = PAPER_P
     palette = dict(
         zip(("training FLOPs / token", f"effective N (φ = {phi})", "unique N"), sns.color_palette("deep", 3))
     )
-    styles = dict(zip(s_values, ("-", "--", "-.", ":")))
+    # one line per width, all in one style: the ratios hardly depend on the width, so they overlap
     for s in s_values:
         g = grid[grid.s == s]
         for label, col in zip(palette, ("flops_per_token", "n_eff", "n")):
-            ax.plot(g.r, g[col] / base.loc[s, col], marker="o", ms=4, color=palette[label], ls=styles[s],
+            ax.plot(g.r, g[col] / base.loc[s, col], marker="o", ms=4, lw=1.2, color=palette[label],
                     label=label if s == s_values[0] else None)
-    for s in s_values:
-        ax.plot([], [], color="0.4", ls=styles[s], label=f"s = {s} (d = {int(base.loc[s, 'd_model'])})")
     ax.set_xscale("log", base=2)
     ax.set_xticks(list(R_VALUES), [str(r) for r in R_VALUES])
     ax.set_xlabel("recurrences r (iso-depth: 20 effective layers)")
     ax.set_ylabel("relative to the plain model (r = 1)")
     ax.set_ylim(0, 1.1)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower left")
+    ax.legend(fontsize=LEGEND_FONTSIZE, loc="lower left",
+              title=f"widths s = {', '.join(f'{s:g}' for s in s_values)} overlap", title_fontsize=LEGEND_FONTSIZE)
     return ax
 
 
