@@ -1,28 +1,12 @@
-"""Fit the joint scaling law of looped models with the paper's protocol, fast and exactly.
+"""Fit the joint scaling law of looped models with the paper's protocol.
 
     L(N_once, N_rec, D, r) = E + A (N_once + r^phi N_rec)^(-alpha) + B D^(-beta)
 
-`fit` minimises the paper's objective (Huber on log loss, delta = 1e-3) from 500 random
-starts in the paper's box with the batched solver of `looped.solver`, polished by scipy
-L-BFGS-B, and adds block-bootstrap intervals over (budget, r) cells.  `load_runs` reads the
-runs table (CSV or a folder of run records); `main` is the `looped fit` command.
-
-Bootstrap resamples (block bootstrap over (budget, r) cells; over runs when there is no
-budget column) get the SAME random-restart protocol by default (``boot_restarts=None``:
-`restarts` fresh random starts per resample, the best kept; the paper's literal protocol),
-solved many resamples at a time in one batch.  ``boot_restarts=k`` instead starts each
-resample from the full-data optimum and the main fit's best 10 local minima plus k random
-starts (faster; it agreed with the full protocol on the benchmark resamples).
-
-A fit is a deterministic function of its runs, its arguments and this code, so with
-``$LOOPED_FIT_CACHE`` set to a folder (the Makefile sets ``_build/fit-cache``) `fit` keeps
-every result there and returns it again for the same inputs: the chapters refit the same
-studies several times (the main fit in chapters 4 and 6, the truncated study in 5 and 6), and
-`make test` then `make book` execute every chapter twice.
-
-What is computed from a fitted law (predictions, effective sizes, compute-optimal frontiers)
-is in `looped.law`; the case-study refits are in `looped.studies.case_studies`.
-This module must stay torch-free (it imports in milliseconds).
+`fit` minimises the paper's objective (`looped.solver.objective_reference`) from random starts in
+the paper's box, and adds block-bootstrap intervals over (budget, r) cells; `load_runs` reads a
+runs table (a CSV or a folder of run records); `main` is the `looped fit` command.  A fit is a
+deterministic function of its runs, its arguments and this code, so with ``$LOOPED_FIT_CACHE`` set
+a repeated identical fit is read back instead of solved again.  Torch-free: imports in milliseconds.
 """
 from __future__ import annotations
 
@@ -41,7 +25,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from . import records
 from .io import atomic_write_bytes
+from .law import FitError, Law
 from .solver import HI, LAW_PARAMS, LO, THETA_PARAMS, RunArrays, law_loss, random_starts, solve_restarts
 
 if TYPE_CHECKING:
@@ -51,46 +37,24 @@ if TYPE_CHECKING:
 REQUIRED = ("r", "n_once", "n_rec", "tokens", "loss")
 
 
-OPTIONAL = ("budget", "s", "study", "status", "injection", "bptt_k")
-
-
 FIX_KEYS = {"A": 0, "a": 0, "alpha": 1, "B": 2, "b": 2, "beta": 3, "E": 4, "e": 4, "phi": 5}
 
 
 BOOT_CHUNK = 6_000_000   # bootstrap: resamples solved together, at most this many (restart x run) weights
 
 
-class FitError(ValueError):
-    """Bad input or an impossible fit; the CLI prints it as one line and exits 2."""
-
-
 def _records_from_dir(path: Path) -> list[dict]:
+    """The run records in a folder and its subfolders as flat rows (`looped.records.flat_record`);
+    JSON files without any run column (a manifest, a config) are left out."""
     rows = []
-    files = sorted(p for p in path.rglob("*.json") if p.is_file())
-    for p in files:
-        try:
-            rec = json.loads(p.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+    for p, rec in records.iter_records(path, recursive=True):
+        if rec is None:
             warnings.warn(f"skipping {p.name}: not a JSON run record", stacklevel=3)
             continue
-        if not isinstance(rec, dict):
-            continue
-        flat = {}
-        for sub in ("config", "result", "results", "metrics"):   # nested parts, top level wins
-            if isinstance(rec.get(sub), dict):
-                flat.update({k: v for k, v in rec[sub].items() if not isinstance(v, (dict, list))})
-        flat.update({k: v for k, v in rec.items() if not isinstance(v, (dict, list))})
-        if "budget" not in flat and "budget_flops" in flat:
-            flat["budget"] = flat["budget_flops"]
-        if "loss" not in flat:
-            for alt in ("val_loss", "final_val_loss"):
-                if alt in flat:
-                    flat["loss"] = flat[alt]
-                    break
-        if not any(k in flat for k in REQUIRED):
-            continue   # some other JSON file (a manifest, a config): not a run record
-        flat.setdefault("file", p.name)
-        rows.append(flat)
+        flat = records.flat_record(rec) if isinstance(rec, dict) else {}
+        if any(k in flat for k in REQUIRED):
+            flat.setdefault("file", p.name)
+            rows.append(flat)
     return rows
 
 
@@ -180,7 +144,7 @@ class FitResult:
     n_runs: int
     restarts: int
     ci: dict = field(default_factory=dict)
-    law: str = "joint"
+    kind: str = "joint"          # "joint", or "chinchilla" (phi None)
     fixed: dict = field(default_factory=dict)
     seed: int = 0
     bootstrap: int = 0
@@ -190,12 +154,17 @@ class FitResult:
     boot_samples: np.ndarray | None = field(default=None, repr=False)
 
     @property
+    def law(self) -> Law:
+        """The fitted law (for `looped.law`'s predictions and frontiers)."""
+        return Law(self.A, self.alpha, self.B, self.beta, self.E, self.phi)
+
+    @property
     def free(self) -> list[str]:
         out = [p for p in LAW_PARAMS if p not in self.fixed]
         return [p for p in out if not (p == "phi" and self.phi is None)]
 
     def to_dict(self) -> dict:
-        d = {k: getattr(self, k) for k in (*LAW_PARAMS, "r2", "huber", "n_runs", "restarts", "law", "seed",
+        d = {k: getattr(self, k) for k in (*LAW_PARAMS, "r2", "huber", "n_runs", "restarts", "kind", "seed",
                                              "bootstrap", "seconds")}
         d["fixed"] = dict(self.fixed)
         d["ci"] = {k: [float(v[0]), float(v[1])] for k, v in self.ci.items()}
@@ -284,7 +253,7 @@ def _cache_file(df, arguments: dict) -> Path | None:
 def fit(df, restarts: int = 500, seed: int = 0, fix: dict | None = None, bootstrap: int = 0,
         boot_restarts: int | None = None, per_r: bool = False, polish: int = 3,
         chinchilla: bool | None = None) -> FitResult:
-    """Fit the joint law to a runs table (see the module docstring for the method).
+    """Fit the joint law to a runs table with the paper's protocol (the solver: `looped.solver`).
 
     restarts: random starts (uniform in the box, numpy Generator seeded by `seed`);
     fix: parameters held fixed (A, alpha, B, beta, E, phi; natural units), removed from the
@@ -333,7 +302,7 @@ def _fit(df, restarts, seed, fix, bootstrap, boot_restarts, per_r, polish, chinc
     ((theta, fbest, minima),) = solve_restarts(data, starts, free, polish=polish)
     params = _theta_to_params(theta, chinchilla)
     res = FitResult(**params, r2=_r2(theta, data), huber=fbest, n_runs=len(df), restarts=restarts,
-                    law="chinchilla" if chinchilla else "joint",
+                    kind="chinchilla" if chinchilla else "joint",
                     fixed={LAW_PARAMS[i]: (math.exp(v) if i in (0, 2, 4) else v)
                            for i, v in fixed.items() if not (chinchilla and i == 5)},
                     seed=seed, bootstrap=bootstrap, theta=tuple(map(float, theta)))
@@ -382,7 +351,7 @@ def at_bounds(res, tol: float = 1e-6) -> list:
 
 def format_result(res: FitResult) -> str:
     """A readable table: parameter, value, bootstrap interval (when there is one)."""
-    lines = [f"{res.law} law fit: {res.n_runs} runs, {res.restarts} restarts, seed {res.seed}"
+    lines = [f"{res.kind} law fit: {res.n_runs} runs, {res.restarts} restarts, seed {res.seed}"
              + (f", {res.bootstrap} bootstrap resamples" if res.bootstrap else "")]
     head = f"  {'param':<6} {'value':>12}"
     if res.ci:

@@ -1,60 +1,103 @@
-"""What a fitted law says: predicted losses, effective sizes and compute-optimal frontiers.
+"""The fitted law as a value, and what it says: losses, effective sizes, compute-optimal frontiers.
 
-A law is a `looped.fit.FitResult` or a dict with A, alpha, B, beta, E, phi (phi None:
-Chinchilla, N unique).  The frontiers put the law on the preset's iso-depth models through
-`looped.accounting` (D = C / training FLOPs per token), as the paper does for its
-compute-optimal analysis and its worked example (appendix F.4).
+`Law` holds A, alpha, B, beta, E, phi (phi None: a Chinchilla law, N unique); every function
+here takes a `Law` or a `looped.fit.FitResult` (its `.law`).  The frontiers put the law on the
+preset's iso-depth models through `looped.accounting` (D = C / training FLOPs per token), as the
+paper does for its compute-optimal analysis and its worked example (appendix F.4).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import accounting as acc
 from .config import R_VALUES, model_config
-from .fit import FitError, FitResult
 from .solver import LAW_PARAMS
 
 if TYPE_CHECKING:
     import pandas as pd
 
 
-def predict(result: FitResult, n_once, n_rec, r, tokens):
-    """Loss of the fitted law (nats); phi None means N = n_once + n_rec (Chinchilla)."""
-    n_once, n_rec, r, tokens = (np.asarray(v, float) for v in (n_once, n_rec, r, tokens))
-    n = n_once + n_rec if result.phi is None else n_once + r ** result.phi * n_rec
-    return result.E + result.A * n ** (-result.alpha) + result.B * tokens ** (-result.beta)
+class FitError(ValueError):
+    """Bad input to a fit or to what a law computes; `looped fit` prints it as one line and exits 2."""
 
 
-def residuals(result: FitResult, df) -> np.ndarray:
+@dataclass(frozen=True)
+class Law:
+    """L(N_once, N_rec, r, D) = E + A N_eff^(-alpha) + B D^(-beta), N_eff = N_once + r^phi N_rec
+    (phi None: a Chinchilla law, N_eff = N_once + N_rec).  A, B, E in natural units."""
+    A: float
+    alpha: float
+    B: float
+    beta: float
+    E: float
+    phi: float | None = None
+
+    def __post_init__(self):   # plain floats, whatever numbers were given (ints, numpy scalars, CSV strings)
+        for k in LAW_PARAMS:
+            v = getattr(self, k)
+            if not (k == "phi" and v is None):
+                object.__setattr__(self, k, float(v))
+
+    @classmethod
+    def from_dict(cls, d) -> "Law":
+        """A law from a mapping with A, alpha, B, beta, E and optionally phi (absent or None:
+        Chinchilla); other keys (a fit's r2, ci, ...) are ignored."""
+        missing = [k for k in LAW_PARAMS if k != "phi" and d.get(k) is None]
+        if missing:
+            raise FitError(f"the law has no value for {', '.join(missing)}")
+        return cls(**{k: d.get(k) for k in LAW_PARAMS})
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in LAW_PARAMS}
+
+    def replace(self, **changes) -> "Law":
+        """This law with some parameters changed, e.g. ``law.replace(phi=0.5)``."""
+        return dataclasses.replace(self, **changes)
+
+    def effective_n(self, n_once, n_rec, r):
+        """N_once + r^phi N_rec (N_once + N_rec for a Chinchilla law); arrays broadcast."""
+        n_once, n_rec, r = (np.asarray(v, float) for v in (n_once, n_rec, r))
+        return n_once + n_rec if self.phi is None else n_once + r ** self.phi * n_rec
+
+    def predict(self, n_once, n_rec, r, tokens):
+        """Predicted loss (nats per token); arrays broadcast."""
+        tokens = np.asarray(tokens, float)
+        return self.E + self.A * self.effective_n(n_once, n_rec, r) ** (-self.alpha) + self.B * tokens ** (-self.beta)
+
+
+def as_law(law) -> Law:
+    """The `Law` of a Law or of a fit result (its ``.law``)."""
+    if isinstance(law, Law):
+        return law
+    if isinstance(getattr(law, "law", None), Law):
+        return law.law
+    raise TypeError(f"expected a Law or a FitResult, got {type(law).__name__} (a dict: use Law.from_dict)")
+
+
+def predict(law, n_once, n_rec, r, tokens):
+    """Loss of a law (nats per token); phi None means N = n_once + n_rec (Chinchilla)."""
+    return as_law(law).predict(n_once, n_rec, r, tokens)
+
+
+def residuals(law, df) -> np.ndarray:
     """Actual minus predicted loss (nats) for every run of df."""
-    return df["loss"].to_numpy(float) - predict(result, df["n_once"], df["n_rec"], df["r"], df["tokens"])
+    return df["loss"].to_numpy(float) - predict(law, df["n_once"], df["n_rec"], df["r"], df["tokens"])
 
 
-def residual_cells(result: FitResult, df) -> "pd.DataFrame":
+def residual_cells(law, df) -> "pd.DataFrame":
     """Mean residual (actual minus predicted, nats) per training budget (rows) and r (columns).
 
     A law that fits only on average leaves a pattern here: a row of one sign says a budget sits
     off the law, a column of one sign says the law mis-prices that r (the r^phi form, or an
     r-specific effect such as a learning rate that suits one architecture less)."""
-    table = df.assign(residual=residuals(result, df))
+    table = df.assign(residual=residuals(law, df))
     return table.pivot_table(index="budget", columns="r", values="residual", aggfunc="mean")
 
-
-
-def law_params(law) -> dict:
-    """A, alpha, B, beta, E, phi from a FitResult or a dict (phi None or absent: Chinchilla, N unique)."""
-    get = (lambda k: law.get(k)) if isinstance(law, dict) else (lambda k: getattr(law, k))
-    out = {k: get(k) for k in LAW_PARAMS}
-    for k in LAW_PARAMS:
-        if k == "phi":
-            continue
-        if out[k] is None:
-            raise FitError(f"the law has no value for {k}")
-        out[k] = float(out[k])
-    return out
 
 
 
@@ -130,7 +173,7 @@ def effective_size_vs_phi(preset: str = "paper", s: float = 32, r_values=(2, 4, 
     return pd.DataFrame(rows)
 
 
-def compute_optimal(result: FitResult, preset="paper", r=R_VALUES, *, budgets, s_grid=None,
+def compute_optimal(law, preset="paper", r=R_VALUES, *, budgets, s_grid=None,
                     injection: str | None = None, bptt_k: int | None = None) -> "pd.DataFrame":
     """Compute-optimal allocation under the fitted law: for each r and budget C, minimise the
     predicted loss over the preset's widths (s_grid, deduplicated by d_model) with D = C / F,
@@ -157,7 +200,7 @@ def compute_optimal(result: FitResult, preset="paper", r=R_VALUES, *, budgets, s
         fl = np.array([acc.flops_per_token(c) for c in cfgs], float)
         for C in budgets:
             D = C / fl
-            L = predict(result, no, nr, rr, D)
+            L = predict(law, no, nr, rr, D)
             i = int(np.argmin(L))
             u = np.log(no + nr)
             n_s, l_s = no[i] + nr[i], L[i]
@@ -180,16 +223,15 @@ def compute_optimal_frontier(law, preset="paper", r=R_VALUES, *, budgets,
 
     Like `compute_optimal`, but instead of the preset's discrete widths the loss
     L(d) = E + A N_eff(d)^(-alpha) + B (C / F(d))^(-beta) is minimised over a continuous width
-    d (the accounting is an exact quadratic in d), so N*, D* and L* are smooth in C.  `law` is a
-    FitResult or a dict with A, alpha, B, beta, E, phi.  injection / bptt_k as in
-    `compute_optimal` (bptt_k may be a callable r -> k).  One row per (r, budget): d_model,
+    d (the accounting is an exact quadratic in d), so N*, D* and L* are smooth in C.  injection /
+    bptt_k as in `compute_optimal` (bptt_k may be a callable r -> k).  One row per (r, budget): d_model,
     n_star (unique non-embedding params), n_once, n_rec, n_eff, tokens_star (= C / F),
     tokens_per_param (D* / N*), flops_per_token (training, F), loss_star, at_edge (the optimum
     hit d_bounds)."""
     import pandas as pd
     from scipy.optimize import minimize_scalar
 
-    p = law_params(law)
+    p = as_law(law)
     rs = [r] if np.isscalar(r) else list(r)
     budgets = list(budgets)
     lo, hi = np.log(d_bounds[0]), np.log(d_bounds[1])
@@ -199,7 +241,7 @@ def compute_optimal_frontier(law, preset="paper", r=R_VALUES, *, budgets,
         k = bptt_k(rr) if callable(bptt_k) else bptt_k
         k = None if (k is None or k >= rr) else k
         poly = width_polynomials(preset, rr, injection if rr > 1 else None, k)
-        gain = 1.0 if p["phi"] is None else float(rr) ** p["phi"]
+        gain = 1.0 if p.phi is None else float(rr) ** p.phi
 
         def parts(u):
             d = np.exp(u)
@@ -209,7 +251,7 @@ def compute_optimal_frontier(law, preset="paper", r=R_VALUES, *, budgets,
         for C in budgets:
             def loss(u):
                 no, nr, fl = parts(u)
-                return p["E"] + p["A"] * (no + gain * nr) ** (-p["alpha"]) + p["B"] * (C / fl) ** (-p["beta"])
+                return p.E + p.A * (no + gain * nr) ** (-p.alpha) + p.B * (C / fl) ** (-p.beta)
 
             i = int(np.argmin(loss(grid)))
             a, b = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
@@ -231,20 +273,22 @@ def compute_optimal_for_loss(law, target: float, preset="paper", r=R_VALUES, inj
     import pandas as pd
     from scipy.optimize import brentq
 
-    p = law_params(law)
-    if not target > p["E"]:
-        raise FitError(f"target loss {target:g} is not above the law's irreducible loss E = {p['E']:g}")
+    p = as_law(law)
+    if not target > p.E:
+        raise FitError(f"target loss {target:g} is not above the law's irreducible loss E = {p.E:g}")
     rs = [r] if np.isscalar(r) else list(r)
     out = []
     for rr in rs:
+        def optimum(logc):
+            return compute_optimal_frontier(p, preset, rr, budgets=[math.exp(logc)], injection=injection, bptt_k=bptt_k)
+
         def gap(logc):
-            return compute_optimal_frontier(p, preset, rr, budgets=[math.exp(logc)], injection=injection, bptt_k=bptt_k)["loss_star"].iloc[0] - target
+            return optimum(logc)["loss_star"].iloc[0] - target
 
         a, b = math.log(budget_bounds[0]), math.log(budget_bounds[1])
         if gap(a) < 0 or gap(b) > 0:
             raise FitError(f"target loss {target:g} is not reached for r={rr} within budgets {budget_bounds}")
-        logc = brentq(gap, a, b, xtol=1e-10)
-        out.append(compute_optimal_frontier(p, preset, rr, budgets=[math.exp(logc)], injection=injection, bptt_k=bptt_k).assign(target=target))
+        out.append(optimum(brentq(gap, a, b, xtol=1e-10)).assign(target=target))
     return pd.concat(out, ignore_index=True)
 
 

@@ -1,14 +1,17 @@
 """Run records: one JSON file per finished (or failed) run, and the table a study's folder reads as.
 
-A record is what `looped.train.train` writes; a folder of them is a study.  `read_records` is
-the one reader: the fitter, the sweep and the cost estimates all go through it.
+A record is what `looped.train.train` writes; a folder of them is a study.  `iter_records` is
+the one place record files are opened: `read_records` (the study table) and the fitter's
+`looped.fit.load_runs` (through `flat_record`) both read through it.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Iterator
 
-import pandas as pd
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 class RecordError(ValueError):
@@ -50,18 +53,47 @@ def run_state(out: Path, run_id: str) -> str:
     return ""
 
 
-def read_records(folder: str | Path) -> pd.DataFrame:
+def iter_records(folder: str | Path, recursive: bool = False) -> Iterator[tuple[Path, object]]:
+    """(path, parsed JSON) for every ``*.json`` file of a folder (and of its subfolders with
+    ``recursive``), in sorted order; the JSON is None where the file cannot be read or parsed."""
+    folder = Path(folder)
+    for path in sorted(p for p in (folder.rglob if recursive else folder.glob)("*.json") if p.is_file()):
+        try:
+            yield path, json.loads(path.read_text())
+        except (OSError, ValueError):   # unreadable, not UTF-8 or not JSON
+            yield path, None
+
+
+def flat_record(rec: dict) -> dict:
+    """A record's scalar fields in one flat dict: the nested parts "config", "result", "results"
+    and "metrics" lifted to the top level (top-level keys win), ``budget_flops`` read as
+    ``budget`` and ``val_loss`` / ``final_val_loss`` as ``loss`` where those are absent."""
+    flat = {}
+    for sub in ("config", "result", "results", "metrics"):
+        if isinstance(rec.get(sub), dict):
+            flat.update({k: v for k, v in rec[sub].items() if not isinstance(v, (dict, list))})
+    flat.update({k: v for k, v in rec.items() if not isinstance(v, (dict, list))})
+    if "budget" not in flat and "budget_flops" in flat:
+        flat["budget"] = flat["budget_flops"]
+    if "loss" not in flat:
+        for alt in ("val_loss", "final_val_loss"):
+            if alt in flat:
+                flat["loss"] = flat[alt]
+                break
+    return flat
+
+
+def read_records(folder: str | Path) -> "pd.DataFrame":
     """All run records of a folder as one table (every status; unreadable files reported)."""
+    import pandas as pd
+
     folder = Path(folder)
     if not folder.is_dir():
         raise RecordError(f"{folder} is not a folder of run records")
     rows = []
-    for path in sorted(folder.glob("*.json")):
-        try:
-            rec = json.loads(path.read_text())
-        except (OSError, ValueError):
+    for path, rec in iter_records(folder):
+        if rec is None:
             rows.append({"run_id": path.stem, "status": "corrupt"})
-            continue
-        if isinstance(rec, dict) and "run_id" in rec:
+        elif isinstance(rec, dict) and "run_id" in rec:
             rows.append({c: rec.get(c) for c in COLUMNS})
     return pd.DataFrame(rows, columns=COLUMNS)

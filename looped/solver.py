@@ -1,34 +1,21 @@
 """The solver behind `looped.fit`: the paper's objective and a batched restart solver for it.
 
-The joint law (the paper's Equation for L(N_once, N_rec, D, r))
+The joint law L = E + A (N_once + r^phi N_rec)^(-alpha) + B D^(-beta) is fitted in log space,
+theta = (a=log A, alpha, b=log B, beta, e=log E, phi), by minimising
 
-    L = E + A (N_once + r^phi N_rec)^(-alpha) + B D^(-beta)
+    sum over runs of Huber_delta(LSE(a - alpha log N_eff, b - beta log D, e) - log L),  delta = 1e-3,
 
-is fitted in log space, theta = (a=log A, alpha, b=log B, beta, e=log E, phi), by minimising
-the SUM over runs of Huber_delta(LSE(a - alpha log N_eff, b - beta log D, e) - log L) with
-delta = 1e-3 inside the box a,b in [-5,35], alpha,beta in [0,2.5], e in [-3,2], phi in [-3,3]:
-the paper's protocol, the best of 500 local solves started uniformly in the box.
+in the box a, b in [-5, 35], alpha, beta in [0, 2.5], e in [-3, 2], phi in [-3, 3]: the paper's
+protocol, the best of 500 local solves started uniformly in the box.  `objective_reference` is
+that sum written plainly; `objective` is the same sum for many thetas at once, with its exact
+gradient and Hessian.
 
-How the local solves are done (the paper used one scipy L-BFGS-B per restart):
-
-1. All restarts of a fit (and, for the bootstrap, all restarts of several resamples) are
-   solved TOGETHER as one vectorised problem: a batched, box-projected Levenberg-Marquardt
-   (trust-region Newton) iteration on the exact analytic gradient and the exact 6x6
-   analytic Hessian, in box-normalised coordinates.  Variables at a bound whose gradient
-   points outward are frozen for that step (projected Newton); fixed parameters are never
-   moved.  One objective/gradient/Hessian evaluation per iteration and restart.
-2. Every few iterations restarts that have fallen into the same basin (same point to 1e-3 of
-   the box, same resample) are merged: only the lowest one continues.  From iteration 8 on,
-   a restart whose objective is more than twice its resample's current best is stopped
-   (pruned): it cannot improve the best unless it later falls from far behind into a better
-   basin, which never happened in the tests described at `batched_solve`.  This cuts the
-   work ~8x (most restarts are pruned after 8 iterations instead of crawling ~110).
-3. The best few distinct end points are POLISHED with scipy L-BFGS-B (analytic gradient,
-   ftol 1e-15, gtol 1e-12, up to 10,000 iterations), so the reported optimum is a
-   converged L-BFGS-B optimum of exactly the paper's objective.
-
-`serial_fit` is the reference implementation: one scipy L-BFGS-B solve per restart.
-Torch-free, like `looped.fit` (both import in milliseconds).
+The paper ran one scipy L-BFGS-B per restart (`serial_fit`, the reference here).  To make 500
+restarts times 200 bootstrap resamples cheap, `batched_solve` advances all of them together as
+one vectorised, box-projected trust-region Newton iteration, merges restarts that reach the same
+basin and stops those that fall far behind their resample's best; `solve_restarts` then polishes
+the best few end points with L-BFGS-B (`POLISH_OPTIONS`), so the reported optimum is a converged
+L-BFGS-B optimum of exactly the paper's objective.  Torch-free, like `looped.fit`.
 """
 from __future__ import annotations
 
@@ -81,9 +68,21 @@ class RunArrays:
         return len(self.loss)
 
 
+def objective_reference(theta, data: RunArrays, delta: float = HUBER_DELTA) -> float:
+    """The fit objective at one theta = (log A, alpha, log B, beta, log E, phi), written plainly:
+    the summed Huber loss between the law's log-loss and the observed log-loss."""
+    from scipy.special import huber, logsumexp
+
+    a, alpha, b, beta, e, phi = theta
+    n_eff = data.n_once + np.exp(phi * data.logr) * data.n_rec       # N_once + r^phi N_rec
+    terms = [a - alpha * np.log(n_eff), b - beta * data.logD, np.full_like(n_eff, e)]
+    log_law = logsumexp(terms, axis=0)                               # log(A N_eff^-alpha + B D^-beta + E)
+    return float(huber(delta, log_law - data.logL).sum())           # summed over runs, not averaged
+
+
 def objective(theta: np.ndarray, data: RunArrays, weights: np.ndarray | None = None,
                order: int = 1, delta: float = HUBER_DELTA, newton=True):
-    """Huber-LSE objective for a batch of parameter vectors.
+    """`objective_reference` for a batch of parameter vectors, with its derivatives.
 
     theta (P, 6); weights (P, n) or (n,) or None (all 1: each run counted once).
     Returns f (P,), and with order >= 1 the gradient (P, 6), with order 2 the Hessian (P, 6, 6).
@@ -189,13 +188,9 @@ def batched_solve(theta0: np.ndarray, data: RunArrays, weights: np.ndarray | Non
     gradient vanishes, or when the trust region collapses (no descent left at machine precision).
     Pruning (prune_gap not None): from iteration `prune_after` on, a restart whose objective
     exceeds (1 + prune_gap) times its group's current best is stopped (not alive).  f only
-    decreases along a restart, so a pruned restart could matter only by later descending below
-    the group's best by a factor > 2 from far behind; on the benchmark grid and on synthetic
-    data with other laws (phi -0.3 ... 1.2, 73 groups of 500 restarts) this never changed a
-    group's best objective (to 1e-13; the main fit and 3 resamples are rechecked by
-    `looped bench fit`), while prune_gap 0.2 after 3 iterations did change one (the best
-    basin was lost).  prune_gap=None solves every restart to convergence.  trace prints the
-    progress of every iteration.
+    decreases along a restart, so a pruned restart could matter only by overtaking the best from
+    far behind; `looped bench fit` checks that pruning leaves the optimum unchanged.
+    prune_gap=None solves every restart to convergence.  trace prints every iteration.
     Returns (theta (P, 6), f (P,), alive (P,) bool: not merged into / pruned by a better restart).
     """
     P = theta0.shape[0]

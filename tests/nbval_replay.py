@@ -30,7 +30,9 @@ LOSS_COLUMN = re.compile(r"(^|_)loss($|_)")   # loss, val_loss_nats, loss_star_n
 def sanitizers() -> list[tuple[re.Pattern, str]]:
     """The (regex, replacement) pairs of tests/nbval_sanitize.cfg, read the way nbval reads them."""
     text = (ROOT / "tests" / "nbval_sanitize.cfg").read_text()
-    return [(re.compile(rx), rep) for rx, rep in re.findall(r"^regex: (.*)$\n^replace: (.*)$", text, flags=re.MULTILINE)]
+    return [
+        (re.compile(rx), rep) for rx, rep in re.findall(r"^regex: (.*)$\n^replace: (.*)$", text, flags=re.MULTILINE)
+    ]
 
 
 def sanitize(text: str, patterns) -> str:
@@ -68,7 +70,7 @@ def install_jitter(seed: int) -> None:
     import numpy as np
     import pandas as pd
 
-    from looped import fit, records
+    from looped import records
     from looped.studies import paper
     rng = np.random.default_rng(seed)
 
@@ -89,19 +91,17 @@ def install_jitter(seed: int) -> None:
             return jitter_frame(original(*args, **kwargs))
         setattr(module, name, jittered)
 
-    wrap(records, "read_records")        # run records: chapters 3-6 (study tables, fits)
     wrap(paper, "runs_from_minima")      # the paper's 24 minima as runs (chapter 4)
     wrap(paper, "paper_table")           # the paper's tables: minima L*, ablation losses, residuals
     wrap(paper, "synthetic_runs")        # synthetic runs (chapter 4)
-    original_records = fit._records_from_dir   # run records read by the case studies (load_runs)
+    original_records = records.iter_records   # every run record read (study tables, fits: chapters 3-6)
 
-    def records(path):
-        rows = original_records(path)
-        for row in rows:
-            if isinstance(row.get("loss"), float):
-                row["loss"] *= 1 + RELATIVE_JITTER * rng.uniform(-1, 1)
-        return rows
-    fit._records_from_dir = records
+    def jittered_records(*args, **kwargs):
+        for path, rec in original_records(*args, **kwargs):
+            if isinstance(rec, dict) and isinstance(rec.get("loss"), float):
+                rec["loss"] *= 1 + RELATIVE_JITTER * rng.uniform(-1, 1)
+            yield path, rec
+    records.iter_records = jittered_records
 
 
 def replay(stem: str, jitter: int | None = None, stop_after: int | None = None) -> list[str]:

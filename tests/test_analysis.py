@@ -9,7 +9,7 @@ import pytest
 from looped.fit import FitResult
 from looped.report import prose
 from looped.solver import HI, LO
-from looped.studies import analysis
+from looped.studies import analysis, phi_fits
 
 
 def _fit(phi, lo=None, hi=None, r2=0.99, theta=(), n_runs=40):
@@ -85,7 +85,9 @@ def test_verdict_sizes_the_residuals_and_reads_per_r_fits_by_their_quality():
     """The residuals are compared with the paper's ~0.01 nats in words that follow the numbers,
     and one Chinchilla law per r is called the weak point only when it fits poorly itself."""
     joint = _fit(0.6, 0.5, 0.7, r2=0.97)
-    exact = prose.joint_fit_verdict(joint, RESTRICTED, _runs(), per_r={1: _fit(None, r2=0.996), 2: _fit(None, r2=0.995)})
+    exact = prose.joint_fit_verdict(
+        joint, RESTRICTED, _runs(), per_r={1: _fit(None, r2=0.996), 2: _fit(None, r2=0.995)}
+    )
     assert "The residuals are smaller than the paper's" in exact
     assert "R² 0.995 to 0.996 (paper: 0.998): each r on its own follows the Chinchilla form" in exact
     assert "weak point" not in exact
@@ -101,38 +103,39 @@ def test_verdict_without_a_fit():
 
 
 def test_phi_estimates_pairs_the_papers_rows_with_ours():
-    paper_only = analysis.phi_estimates()
-    assert list(paper_only.label) == list(analysis.PHI_FITS) and set(paper_only.source) == {"paper"}
+    paper_only = phi_fits.phi_estimates()
+    assert list(paper_only.label) == list(phi_fits.PHI_FITS) and set(paper_only.source) == {"paper"}
     joint = paper_only.set_index("label").loc["joint fit"]
     assert (joint.phi, joint.lo, joint.hi) == (0.459, 0.41, 0.53)
     assert paper_only.set_index("label").loc["hyperconnections"].phi == 0.646
     assert paper_only.drop(index=0)[["lo", "hi"]].isna().all().all()          # an interval for the joint fit only
-    est = analysis.phi_estimates({"joint fit": _fit(0.9, 0.7, 1.1), "truncated BPTT": None,
+    est = phi_fits.phi_estimates({"joint fit": _fit(0.9, 0.7, 1.1), "truncated BPTT": None,
                                   "lower budgets": _fit(1.0)})
     ours = est[est.source == "ours"].set_index("label")
-    assert len(est) == len(analysis.PHI_FITS) + 3
+    assert len(est) == len(phi_fits.PHI_FITS) + 3
     assert tuple(ours.loc["joint fit", ["phi", "lo", "hi"]]) == (0.9, 0.7, 1.1)
     assert math.isnan(ours.loc["truncated BPTT", "phi"]) and math.isnan(ours.loc["lower budgets", "lo"])
     with pytest.raises(ValueError, match="unknown estimate"):
-        analysis.phi_estimates({"joint": _fit(0.5)})
+        phi_fits.phi_estimates({"joint": _fit(0.5)})
 
 
 def test_joint_fit_ready_and_half_fits():
     runs = _runs(0.5, noise=0.002)
-    assert analysis.joint_fit_ready(runs)
-    assert not analysis.joint_fit_ready(runs[runs.r == 1]) and not analysis.joint_fit_ready(runs[runs.budget == 1e17])
-    halves = analysis.half_fits(runs, restarts=20)
+    assert phi_fits.joint_fit_ready(runs)
+    assert not phi_fits.joint_fit_ready(runs[runs.r == 1]) and not phi_fits.joint_fit_ready(runs[runs.budget == 1e17])
+    halves = phi_fits.half_fits(runs, restarts=20)
     assert list(halves) == ["lower", "upper"]
     assert halves["lower"][0] == [1e17, 1e18] and halves["upper"][0] == [1e18, 1e19]   # odd: share the middle
     assert all(res.n_runs == 24 and res.phi is not None for _, res in halves.values())
-    assert analysis.half_fits(runs[runs.budget == 1e17], restarts=5) == {}           # one budget: no halves
+    assert phi_fits.half_fits(runs[runs.budget == 1e17], restarts=5) == {}           # one budget: no halves
 
 
 def test_rmse_at_phi_is_zero_at_the_laws_phi():
     runs = _runs(0.5)
-    rmse = analysis.rmse_at_phi(_fit(0.5), runs, (0.0, 0.5, 1.0))
+    rmse = phi_fits.rmse_at_phi(_fit(0.5), runs, (0.0, 0.5, 1.0))
     assert list(rmse) == [0.0, 0.5, 1.0]
     assert rmse[0.5] < 1e-12 < 1e-3 < min(rmse[0.0], rmse[1.0])
+    assert phi_fits.rmse_at_phi(_fit(0.5).law, runs, (0.0, 0.5, 1.0)) == rmse      # a Law or a FitResult
 
 
 def test_gap_side_needs_every_r_on_one_side():

@@ -127,7 +127,10 @@ def test_lr_verdict_says_what_the_preset_does(tmp_path, monkeypatch):
     for run in registry.load_study("prose-lr"):
         write(tmp_path, run, 4.0 + 0.1 * math.log2(run.lr_scale / 1.4) ** 2)
     text = prose.lr_verdict(design.lr_sweep("prose-lr", tmp_path))
-    assert "for *r* = 1 the best of the 5 multipliers finished is 1.4 (inside them; multiplier 1 is 0.024 nats worse)" in text
+    assert (
+        "for *r* = 1 the best of the 5 multipliers finished is 1.4 (inside them; multiplier 1 is 0.024 nats worse)"
+        in text
+    )
     assert text.endswith("the preset has not been re-based yet.") or "re-bases it" in text
     from dataclasses import replace
 
@@ -149,14 +152,14 @@ def test_rerun_targets_report_hits_and_misses(tmp_path):
     """On runs that follow the law exactly every target is met; a failed run, a cell whose loss
     falls monotonically with width and noisy losses are each reported as misses."""
     from looped.fit import fit
-    from looped.studies import analysis
+    from looped.studies import analysis, phi_fits
     runs = registry.load_study("cpu-main")
     for run in runs:
         write(tmp_path, run, _law_loss(run))
     table = analysis.study_table("cpu-main", tmp_path)
     kept, _ = analysis.main_design(table)
     joint = fit(kept, restarts=20, seed=0, bootstrap=20, boot_restarts=4)
-    halves = analysis.half_fits(kept, restarts=20, seed=0, bootstrap=20)
+    halves = phi_fits.half_fits(kept, restarts=20, seed=0, bootstrap=20)
     targets = design.rerun_targets(table, joint, halves, seed_std=0.01).set_index("target")
     assert len(targets) == 7 and targets.met.all(), targets
     assert joint.phi == pytest.approx(0.5, abs=0.02)
@@ -206,7 +209,10 @@ def test_beside_the_paper_reads_overlap_and_the_box_edge():
     def joint(phi, lo, hi):
         return FitResult(A=1, alpha=0.3, B=1, beta=0.3, E=1, phi=phi, r2=0.99, huber=0, n_runs=10, restarts=1,
                          ci={"phi": (lo, hi)})
-    assert prose.beside_the_paper(joint(0.66, 0.60, 0.75)).endswith("ours lies entirely above the paper's, by 0.070 at the closest ends.")
+
+    assert prose.beside_the_paper(joint(0.66, 0.60, 0.75)).endswith(
+        "ours lies entirely above the paper's, by 0.070 at the closest ends."
+    )
     assert prose.beside_the_paper(joint(0.30, 0.20, 0.35)).endswith("by 0.060 at the closest ends.")
     assert "the two intervals overlap." in prose.beside_the_paper(joint(0.5, 0.45, 0.6))
     edge = prose.beside_the_paper(joint(0.66, -3.0, 0.83))
@@ -220,7 +226,9 @@ def test_beside_the_paper_reads_overlap_and_the_box_edge():
 def test_lr_explains_weighs_the_rate_gap_against_the_misfit():
     table = pd.DataFrame([{"r": 2, "best_multiplier": 2.0, "gap_at_preset": 0.004, "preset_multiplier": 1.4}])
     text = prose.lr_explains(table, 2, 0.03)
-    assert "multiplier (1.4) 0.004 nats above the best of those tried (2)" in text and text.endswith("cannot account for it.")
+    assert "multiplier (1.4) 0.004 nats above the best of those tried (2)" in text and text.endswith(
+        "cannot account for it."
+    )
     assert prose.lr_explains(table.assign(gap_at_preset=0.02), 2, 0.03).endswith("may account for part of it.")
     assert "has no runs at r = 8" in prose.lr_explains(table, 8, 0.03)
 

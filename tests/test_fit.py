@@ -101,10 +101,24 @@ def test_chinchilla_fallback_for_plain_runs_only(grid):
     df = paper.synthetic_runs(seed=5, grid=grid)
     plain = df[df["r"] == 1].reset_index(drop=True)
     res = F.fit(plain, restarts=60)
-    assert res.phi is None and res.law == "chinchilla"
+    assert res.phi is None and res.kind == res.to_dict()["kind"] == "chinchilla" and res.law.phi is None
     assert "phi" not in res.free
     per = F.fit(df, restarts=40, per_r=True)
     assert sorted(per.per_r) == [1, 2, 4, 8] and all(p.phi is None for p in per.per_r.values())
+
+
+def test_batched_objective_is_the_reference_objective(grid):
+    """The solver's batched objective (with derivatives) computes exactly the plain
+    `objective_reference` (scipy's huber and logsumexp), for random thetas in the box, with and
+    without looped runs; and a fit's reported Huber sum is the reference objective at its theta."""
+    df = paper.synthetic_runs(seed=15, grid=grid)
+    thetas = solver.random_starts(np.random.default_rng(1), 300, {})
+    for data in (solver.RunArrays.from_frame(df), solver.RunArrays.from_frame(df, chinchilla=True)):
+        fast = solver.objective(thetas, data, order=0)
+        ref = np.array([solver.objective_reference(th, data) for th in thetas])
+        np.testing.assert_allclose(fast, ref, rtol=1e-10, atol=0)
+    res = F.fit(df, restarts=20)
+    assert res.huber == pytest.approx(solver.objective_reference(res.theta, solver.RunArrays.from_frame(df)), rel=1e-10)
 
 
 def test_fast_path_matches_serial_scipy_reference(grid):
@@ -133,7 +147,8 @@ def test_bootstrap_is_the_full_protocol_and_pruning_is_exact(grid):
     rng = np.random.default_rng(ss[2])
     for i in range(B):
         st = solver.random_starts(rng, R, {})
-        ((_, f_all, _),) = solver.solve_restarts(data, st, free, weights=np.repeat(W[i][None], R, 0), polish=1, prune_gap=None)
+        ((_, f_all, _),) = solver.solve_restarts(data, st, free, weights=np.repeat(W[i][None], R, 0), polish=1,
+                                                 prune_gap=None)
         th = np.array(res.boot_samples[i], float)
         th[[0, 2, 4]] = np.log(th[[0, 2, 4]])
         f_fit = solver.objective(th[None], data, W[i][None], order=0)[0]
@@ -188,6 +203,29 @@ def test_cli_reads_a_directory_of_records(tmp_path, grid):
     assert "40 runs" in p.stdout
 
 
+def test_a_folder_of_records_is_read_through_looped_records(tmp_path, grid):
+    """`load_runs` of a folder reads every record below it through `looped.records` (nested parts
+    flattened, old field names mapped); an unreadable file is skipped with a warning by the
+    fitter and listed as corrupt by the study table, and a JSON file that is no run is ignored."""
+    from looped import records
+    df = paper.synthetic_runs(seed=16, grid=grid).head(12)
+    (tmp_path / "sub").mkdir()
+    for i, row in enumerate(df.to_dict("records")):
+        rec = {"run_id": f"run{i}", "status": "ok", "r": row["r"], "n_once": row["n_once"], "n_rec": row["n_rec"],
+               "tokens": row["tokens"], "result": {"val_loss": row["loss"]}, "config": {"budget_flops": row["budget"]}}
+        (tmp_path / ("sub" if i % 2 else ".") / f"run{i}.json").write_text(json.dumps(rec))
+    (tmp_path / "torn.json").write_text('{"run_id": "torn", "loss"')
+    (tmp_path / "manifest.json").write_text(json.dumps({"study": "x"}))
+    with pytest.warns(UserWarning, match="skipping torn.json"):
+        runs = F.load_runs(tmp_path)
+    assert len(runs) == 12 and runs.file.str.startswith("run").all()
+    got = runs.set_index("run_id").loc[[f"run{i}" for i in range(12)]]
+    np.testing.assert_array_equal(got[["loss", "budget", "r"]].to_numpy(), df[["loss", "budget", "r"]].to_numpy())
+    table = records.read_records(tmp_path)            # the study table: this folder only, every status
+    assert sorted(table.run_id) == ["run0", "run10", "run2", "run4", "run6", "run8", "torn"]
+    assert table.set_index("run_id").loc["torn", "status"] == "corrupt"
+
+
 def _bad(tmp_path, df, name="bad.csv"):
     p = tmp_path / name
     df.to_csv(p, index=False)
@@ -239,16 +277,6 @@ def test_paper_protocol_full_restarts():
     df = paper.synthetic_runs(seed=0)
     res = F.fit(df, restarts=500, bootstrap=200)
     assert abs(res.phi - 0.459) < 0.05 and res.ci["phi"][0] <= 0.459 <= res.ci["phi"][1]
-
-
-# ------------------------------------------------------------------------------------------
-# Continuous compute-optimal frontier (chapter 7)
-# ------------------------------------------------------------------------------------------
-
-
-
-
-
 
 
 def test_fit_cache_returns_the_same_fit_and_refits_what_changed(grid, tmp_path, monkeypatch):

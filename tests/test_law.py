@@ -1,5 +1,7 @@
 """What a fitted law gives: predictions, effective sizes (the paper's worked example),
 compute-optimal frontiers, and the case-study refits (Table 3)."""
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -17,15 +19,40 @@ def grid():
 
 def test_paper_law_is_the_published_joint_fit():
     row = paper.paper_fits().loc["phi_free"]
-    assert paper.PAPER_LAW == {k: float(row[k]) for k in paper.PAPER_LAW}
+    assert isinstance(paper.PAPER_LAW, law.Law)
+    assert paper.PAPER_LAW.to_dict() == {k: float(row[k]) for k in F.LAW_PARAMS}
     assert paper.PAPER_PHI == 0.459 and paper.PAPER_PHI_CI == (0.41, 0.53)
     assert tuple(paper.PAPER_BUDGETS) == tuple(sorted(paper.paper_grid()["budget"].unique()))
 
 
 def test_predict_and_residuals(grid):
     df = paper.synthetic_runs(noise=0.0, grid=grid)
-    res = F.FitResult(**paper.PAPER_LAW, r2=1, huber=0, n_runs=len(df), restarts=0)
-    np.testing.assert_allclose(law.residuals(res, df), 0, atol=1e-12)
+    np.testing.assert_allclose(law.residuals(paper.PAPER_LAW, df), 0, atol=1e-12)
+
+
+def test_law_value_type():
+    """A Law predicts E + A N_eff^-alpha + B D^-beta; a FitResult carries its Law; a mapping
+    converts (extra keys ignored, phi absent: Chinchilla); the functions take a Law or a fit."""
+    p = paper.PAPER_LAW
+    n_once, n_rec, r, tokens = np.array([3e8, 1e9]), np.array([2e8, 0.0]), np.array([4, 1]), np.array([1e10, 2e10])
+    n_eff = n_once + r ** 0.459 * n_rec
+    np.testing.assert_array_equal(p.effective_n(n_once, n_rec, r), n_eff)
+    np.testing.assert_array_equal(p.predict(n_once, n_rec, r, tokens),
+                                  1.56773 + 28.027 * n_eff ** -0.19924 + 915.82 * tokens ** -0.36863)
+    chin = p.replace(phi=None)
+    assert chin.phi is None and chin.A == p.A and p.phi == 0.459          # replace makes a new Law
+    np.testing.assert_array_equal(chin.effective_n(n_once, n_rec, r), n_once + n_rec)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.phi = 0.5
+    assert law.Law.from_dict({**p.to_dict(), "r2": 0.99}) == p
+    assert law.Law.from_dict({k: v for k, v in p.to_dict().items() if k != "phi"}) == chin
+    with pytest.raises(F.FitError, match="no value for E"):
+        law.Law.from_dict({"A": 1, "alpha": 0.3, "B": 1, "beta": 0.3})
+    res = F.FitResult(**p.to_dict(), r2=1, huber=0, n_runs=116, restarts=0)
+    assert res.law == p and law.as_law(res) == p and law.as_law(p) is p
+    np.testing.assert_array_equal(law.predict(res, n_once, n_rec, r, tokens), p.predict(n_once, n_rec, r, tokens))
+    with pytest.raises(TypeError, match="Law.from_dict"):
+        law.predict(p.to_dict(), n_once, n_rec, r, tokens)
 
 
 def test_residual_cells_locate_a_mispriced_r(grid):
@@ -33,8 +60,7 @@ def test_residual_cells_locate_a_mispriced_r(grid):
     and only there."""
     df = paper.synthetic_runs(noise=0.0, grid=grid)
     df.loc[df.r == 2, "loss"] += 0.03
-    res = F.FitResult(**paper.PAPER_LAW, r2=1, huber=0, n_runs=len(df), restarts=0)
-    cells = law.residual_cells(res, df)
+    cells = law.residual_cells(paper.PAPER_LAW, df)
     assert list(cells.columns) == sorted(df.r.unique()) and list(cells.index) == sorted(df.budget.unique())
     np.testing.assert_allclose(cells[2], 0.03, atol=1e-12)
     np.testing.assert_allclose(cells.drop(columns=2).to_numpy(), 0, atol=1e-12)
@@ -56,8 +82,7 @@ def test_worked_example_effective_sizes():
 
 
 def test_compute_optimal(grid):
-    res = F.FitResult(**paper.PAPER_LAW, r2=1, huber=0, n_runs=116, restarts=0)
-    co = law.compute_optimal(res, r=(1, 4), budgets=[1e18, 1e19])
+    co = law.compute_optimal(paper.PAPER_LAW, r=(1, 4), budgets=[1e18, 1e19])
     assert len(co) == 4 and not co["at_edge"].any()
     r1, r4 = co[co.r == 1].set_index("budget"), co[co.r == 4].set_index("budget")
     assert (r4["n"] < r1["n"]).all() and (r4["loss"] > r1["loss"]).all()
@@ -116,10 +141,10 @@ def test_width_polynomials_are_the_accounting():
 
 
 def test_compute_optimal_frontier():
-    res = F.FitResult(**paper.PAPER_LAW, r2=1, huber=0, n_runs=116, restarts=0)
+    res = F.FitResult(**paper.PAPER_LAW.to_dict(), r2=1, huber=0, n_runs=116, restarts=0)
     fr = law.compute_optimal_frontier(paper.PAPER_LAW, r=(1, 4), budgets=[1e18, 1e19])
     assert len(fr) == 4 and not fr["at_edge"].any()
-    # the FitResult and the dict give the same frontier; its losses are the law's
+    # the FitResult and its Law give the same frontier; its losses are the law's
     pd.testing.assert_frame_equal(fr, law.compute_optimal_frontier(res, r=(1, 4), budgets=[1e18, 1e19]))
     np.testing.assert_allclose(law.predict(res, fr.n_once, fr.n_rec, fr.r, fr.tokens_star), fr.loss_star, rtol=1e-12)
     np.testing.assert_allclose(fr.tokens_star * fr.flops_per_token, fr.budget, rtol=1e-12)
@@ -140,8 +165,8 @@ def test_compute_optimal_frontier():
     assert (r4.n_star < r1.n_star).all() and (r4.tokens_per_param > r1.tokens_per_param).all()
     assert (r4.loss_star > r1.loss_star).all()
     # phi = None (Chinchilla: unique params) is phi = 0
-    a = law.compute_optimal_frontier(dict(paper.PAPER_LAW, phi=None), r=4, budgets=[1e19])
-    b = law.compute_optimal_frontier(dict(paper.PAPER_LAW, phi=0.0), r=4, budgets=[1e19])
+    a = law.compute_optimal_frontier(paper.PAPER_LAW.replace(phi=None), r=4, budgets=[1e19])
+    b = law.compute_optimal_frontier(paper.PAPER_LAW.replace(phi=0.0), r=4, budgets=[1e19])
     np.testing.assert_allclose(a.loss_star, b.loss_star, rtol=1e-12)
 
 

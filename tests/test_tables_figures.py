@@ -44,14 +44,14 @@ def test_one_colour_per_r_and_per_budget():
 def test_figures_draw(tmp_path):
     import matplotlib.pyplot as plt
 
-    from looped.fit import FitResult
+    from looped.fit import fit
     from looped.studies.paper import PAPER_DIR, PAPER_LAW, runs_from_minima
     minima = runs_from_minima(PAPER_DIR / "compute_optimal_minima.csv")
-    law = FitResult(**PAPER_LAW, r2=1.0, huber=0.0, n_runs=116, restarts=0)
+    refit = fit(minima, restarts=10)
     fig, axes = plt.subplots(2, 2)
-    figures.plot_minima_laws(axes[0], minima, {"paper": law}, budgets=[1e18, 1e19])
-    figures.plot_residuals(axes[1, 0], law, minima)
-    figures.plot_predicted_vs_observed(axes[1, 1], law, minima)
+    figures.plot_minima_laws(axes[0], minima, {"paper": PAPER_LAW, "refit": refit}, budgets=[1e18, 1e19])
+    figures.plot_residuals(axes[1, 0], PAPER_LAW, minima)
+    figures.plot_predicted_vs_observed(axes[1, 1], refit, minima)
     fig.savefig(tmp_path / "f.png")
     plt.close(fig)
     assert figures.r_color(4) == figures.R_COLORS[4] and figures.r_color(3) == "0.5"
@@ -116,10 +116,10 @@ def test_phi_profile_has_its_minimum_near_the_fitted_phi(tmp_path):
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from looped.studies import analysis
+    from looped.studies import phi_fits
     from looped.studies.paper import PAPER_DIR, runs_from_minima
     minima = runs_from_minima(PAPER_DIR / "compute_optimal_minima.csv")
-    prof = analysis.phi_profile(minima, phis=np.array([0.0, 0.45, 1.0]), restarts=20)
+    prof = phi_fits.phi_profile(minima, phis=np.array([0.0, 0.45, 1.0]), restarts=20)
     assert list(prof.columns) == ["phi", "huber", "r2", "relative"]
     assert prof.loc[prof["huber"].idxmin(), "phi"] == 0.45 and prof["relative"].min() == 1.0
     fig, ax = plt.subplots()

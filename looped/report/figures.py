@@ -226,8 +226,10 @@ def plot_minima_vs_budget(paper, ours=None, axes=None):
     plain_log_axis(axes[2].yaxis)
     axes[2].set_ylabel("tokens per unique param at N*")
     handles = [Line2D([], [], color=r_color(r), lw=2, label=f"r = {r}") for r in R_VALUES]
-    handles += [Line2D([], [], color="0.3", marker="o", ls="-", label="the paper's minima"),
-                Line2D([], [], color="0.3", marker="s", mfc="white", ls="--", label="the study shown (bracketed cells)")]
+    handles += [
+        Line2D([], [], color="0.3", marker="o", ls="-", label="the paper's minima"),
+        Line2D([], [], color="0.3", marker="s", mfc="white", ls="--", label="the study shown (bracketed cells)"),
+    ]
     if len(axes) > 3:  # a legend panel
         axes[3].axis("off")
         axes[3].legend(handles=handles, loc="center", fontsize=LEGEND_FONTSIZE + 1, frameon=False)

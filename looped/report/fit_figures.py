@@ -96,7 +96,7 @@ def plot_minima_laws(axes, minima_runs, laws: dict, budgets=None):
     Left: the published L* per budget and r (points) and each law's prediction at the same
     (N*, D*) (lines).  Right: each law's compute-optimal loss of the plain model (r = 1, paper
     widths, `looped.law.compute_optimal`) extrapolated over ``budgets``; the shaded span is the
-    range of budgets the paper trained.  ``laws`` maps a label to a FitResult."""
+    range of budgets the paper trained.  ``laws`` maps a label to a Law or FitResult."""
     import numpy as np
 
     from ..law import compute_optimal, predict
@@ -245,7 +245,7 @@ def plot_compute_optimal(axes, frontier, minima=None, paper_gaps=None, budget_ra
 
 
 def plot_phi_profile(ax, profiles: dict, marks: dict | None = None):
-    """Fit objective against a fixed phi (`looped.studies.analysis.phi_profile`), one curve per data set
+    """Fit objective against a fixed phi (`looped.studies.phi_fits.phi_profile`), one curve per data set
     (``profiles``: label -> profile table), each relative to its own minimum; ``marks``: label ->
     (value, lo, hi) drawn as a point with an interval at the bottom (e.g. the paper's estimate)."""
     colors = [OURS_COLOR, "0.35", "#8172b3", "#937860"]
@@ -268,7 +268,7 @@ def plot_phi_forest(entries, ax=None, reference: float = PAPER_PHI, reference_ci
     estimate and interval, and thin lines at phi = 0 and 1.
 
     ``entries``: a DataFrame or a list of (label, source, phi, lo, hi) rows, source 'paper' or
-    'ours' (`looped.studies.analysis.phi_estimates`); fits keep the order of their first row.  A NaN phi
+    'ours' (`looped.studies.phi_fits.phi_estimates`); fits keep the order of their first row.  A NaN phi
     is written as "not fitted"; an interval reaching far past the estimates is cut at the frame,
     with its end written beside it.  Raises ValueError on an empty table, a missing column, an
     unknown source or an interval whose ends are the wrong way round."""
@@ -345,10 +345,10 @@ def plot_neff_collapse(runs, law, axes=None, phis=None):
     width, and at phi = 1 the looped models and the plain model of the same width sit at about
     the same N_eff, so the raw losses would line up near phi = 1 whatever phi the data hold.
     Less that term, the runs of every r and budget fall onto the one curve at the phi that
-    describes them, and each title gives their RMSE around it (`looped.studies.analysis.rmse_at_phi`).
+    describes them, and each title gives their RMSE around it (`looped.studies.phi_fits.rmse_at_phi`).
     Only phi changes from panel to panel; the other parameters are the law's.
 
-    ``runs``: columns r, n_once, n_rec, tokens, loss, budget; ``law``: a FitResult or dict with
+    ``runs``: columns r, n_once, n_rec, tokens, loss, budget; ``law``: a Law or FitResult with
     phi (``phis`` replaces the three values).  ``axes``: three panels, or four (the fourth holds
     the legend); default a 2 x 2 grid.  Raises ValueError for a law without phi (Chinchilla), a
     missing column or no runs."""
@@ -356,15 +356,15 @@ def plot_neff_collapse(runs, law, axes=None, phis=None):
     import numpy as np
 
     from ..accounting import n_effective
-    from ..law import law_params
-    from ..studies.analysis import rmse_at_phi
+    from ..law import as_law
+    from ..studies.phi_fits import rmse_at_phi
     if missing := [c for c in ("r", "n_once", "n_rec", "tokens", "loss", "budget") if c not in runs.columns]:
         raise ValueError(f"N_eff collapse: missing column(s) {', '.join(missing)}")
     if not len(runs):
         raise ValueError("N_eff collapse: no runs to draw")
     runs = runs.reset_index(drop=True)
-    p = law_params(law)
-    fitted = p["phi"]
+    p = as_law(law)
+    fitted = p.phi
     if fitted is None and phis is None:
         raise ValueError("N_eff collapse: the law has no phi (a Chinchilla law); pass phis")
     phis = [0.0, float(fitted), 1.0] if phis is None else [float(v) for v in phis]
@@ -374,7 +374,7 @@ def plot_neff_collapse(runs, law, axes=None, phis=None):
     if len(axes) < len(phis):
         raise ValueError(f"N_eff collapse: {len(phis)} values of phi need {len(phis)} axes, got {len(axes)}")
     marks = budget_markers(runs["budget"])
-    size_part = runs["loss"].to_numpy(float) - p["B"] * runs["tokens"].to_numpy(float) ** -p["beta"]
+    size_part = runs["loss"].to_numpy(float) - p.B * runs["tokens"].to_numpy(float) ** -p.beta
     names = {0.0: "unique N", 1.0: "every pass counted"}
     for ax, phi in zip(axes, phis):
         x_all = n_effective(runs["n_once"].to_numpy(float), runs["n_rec"].to_numpy(float),
@@ -385,7 +385,7 @@ def plot_neff_collapse(runs, law, axes=None, phis=None):
             ax.plot(x[order], y[order], color=r_color(r), lw=0.9, alpha=0.7, marker=marks[float(b)], ms=4.5,
                     mec="white", mew=0.4)
         xx = np.geomspace(x_all.min(), x_all.max(), 100)
-        ax.plot(xx, p["E"] + p["A"] * xx ** -p["alpha"], color="black", lw=1.2, ls="--", zorder=4)
+        ax.plot(xx, p.E + p.A * xx ** -p.alpha, color="black", lw=1.2, ls="--", zorder=4)
         rmse = rmse_at_phi(p, runs, [phi])[phi]
         what = "fitted" if fitted is not None and phi == float(fitted) else names.get(phi, "")
         ax.set_title(f"φ = {phi:.3g}" + (f" ({what})" if what else "") + f"\nRMSE {rmse:.3f} nats", fontsize=10)

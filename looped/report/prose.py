@@ -34,7 +34,7 @@ def joint_fit_verdict(joint, restricted: dict, runs, per_r: dict | None = None, 
     beside the paper's costs, whether the joint fit ended on the edge of the search box, how
     large the residuals on ``runs`` are, how well one law per architecture fits (``per_r``),
     the model-free same-width loss gaps (``gaps``, ``paper_gaps``: `same_width_gaps` of our runs
-    and of the paper's law on its grid) and the budget halves (``halves``: `half_fits`).  The
+    and of the paper's law on its grid) and the budget halves (``halves``: `phi_fits.half_fits`).  The
     paper's numbers come from its published tables (`looped.studies.paper`): the joint fit and its
     restricted variants, the per-r residuals, Table 1 and the budget halves.  ``joint`` None
     gives the note that there is no fit yet.
@@ -87,13 +87,17 @@ def joint_fit_verdict(joint, restricted: dict, runs, per_r: dict | None = None, 
     if per_r:
         r2s = [res.r2 for res in per_r.values()]
         if min(r2s) < 0.99:
-            text += (f"  The law's form itself is the weak point: even one Chinchilla law per architecture reaches only "
-                     f"R² {min(r2s):.3f} to {max(r2s):.3f} (paper: {p_arch.mean():.3f}), so the joint law has little "
-                     f"to work with.")
+            text += (
+                f"  The law's form itself is the weak point: even one Chinchilla law per architecture reaches only "
+                f"R² {min(r2s):.3f} to {max(r2s):.3f} (paper: {p_arch.mean():.3f}), so the joint law has little "
+                f"to work with."
+            )
         elif min(r2s) - r2f > 0.005:
-            text += (f"  One Chinchilla law per architecture fits well, R² {min(r2s):.3f} to {max(r2s):.3f} (paper: "
-                     f"{p_arch.mean():.3f}): each r on its own follows the Chinchilla form, and what the joint law loses "
-                     f"beyond that comes from tying the architectures together through r^φ with shared exponents.")
+            text += (
+                f"  One Chinchilla law per architecture fits well, R² {min(r2s):.3f} to {max(r2s):.3f} (paper: "
+                f"{p_arch.mean():.3f}): each r on its own follows the Chinchilla form, and what the joint law loses "
+                f"beyond that comes from tying the architectures together through r^φ with shared exponents."
+            )
         else:
             text += (f"  One Chinchilla law per architecture reaches R² {min(r2s):.3f} to {max(r2s):.3f} (paper: "
                      f"{p_arch.mean():.3f}), hardly better than the joint law with its single φ.")
@@ -111,8 +115,12 @@ def joint_fit_verdict(joint, restricted: dict, runs, per_r: dict | None = None, 
         rl, rh = halves["lower"][1].r2, halves["upper"][1].r2
         text += (f"  The budget halves give φ = {pl:.3f} (lower, R² {rl:.3f}) and {ph:.3f} (upper, R² {rh:.3f}), "
                  f"upper minus lower {ph - pl:+.3f} against {p_half:+.2f} in the paper")
-        text += (f": the law describes the larger budgets, where the runs are longer, {'much ' if rh - rl > 0.05 else ''}"
-                 f"better than the smaller ones." if rh - rl > 0.02 else ".")
+        text += (
+            f": the law describes the larger budgets, where the runs are longer, {'much ' if rh - rl > 0.05 else ''}"
+            f"better than the smaller ones."
+            if rh - rl > 0.02
+            else "."
+        )
     return text
 
 
@@ -296,9 +304,11 @@ def cells_vs_phi(cells, cs: CaseStudy, what: str) -> str:
         return text + (f"The advantage does not change steadily with r (it is largest at r = {best}), so the cells "
                        f"show no clear sign of a change in φ, which would make it grow (φ up) or shrink (φ down) "
                        f"with r." + fitted)
-    text += (f"The advantage {'grows' if grows else 'shrinks'} with r (from {gain_lo:+.3f} to {gain_hi:+.3f} nats "
-             f"in favour of the {what} runs), which under the law is the signature of a {'higher' if grows else 'lower'} φ: "
-             f"the more recurrences, the {'more' if grows else 'less'} the change is worth.")
+    text += (
+        f"The advantage {'grows' if grows else 'shrinks'} with r (from {gain_lo:+.3f} to {gain_hi:+.3f} nats "
+        f"in favour of the {what} runs), which under the law is the signature of a {'higher' if grows else 'lower'} φ: "
+        f"the more recurrences, the {'more' if grows else 'less'} the change is worth."
+    )
     if not cs.ok:
         return text
     consistent = (cs.delta_phi > 0) == grows

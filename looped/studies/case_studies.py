@@ -58,8 +58,9 @@ def case_study_runs(main, study, budgets=None, study_r=None):
     baseline: every run of the main study at the case-study budgets (all r);
     variant: the main study's plain r = 1 runs at those budgets plus the case study's runs
     with r > 1 (only r in `study_r` when given).  `budgets` defaults to the budgets present in
-    the case-study runs (to all budgets of the main study while there are none).  Both inputs may be DataFrames or record folders / CSV files.
-    Returns (baseline, variant), each sorted by (budget, r, size).
+    the case-study runs (to all budgets of the main study while there are none).  Both inputs
+    may be DataFrames or record folders / CSV files.  Returns (baseline, variant), each sorted
+    by (budget, r, size).
     """
     import pandas as pd
 

@@ -63,7 +63,8 @@ def lr_sweep(study: str = "prose-lr", runs_dir=None, tolerance: float = 0.01) ->
         at_one = float(by_lr.get(1.0, np.nan))
         rows.append(dict(r=int(r), **{f"lr x{m:g}": v for m, v in by_lr.items()}, best_multiplier=best,
                          gap_at_1=at_one - float(by_lr.min()), transfer_ok=bool(at_one - by_lr.min() <= tolerance),
-                         preset_multiplier=default, gap_at_preset=float(by_lr.get(default, np.nan)) - float(by_lr.min())))
+                         preset_multiplier=default,
+                         gap_at_preset=float(by_lr.get(default, np.nan)) - float(by_lr.min())))
     return pd.DataFrame(rows)
 
 
@@ -159,7 +160,7 @@ def rerun_targets(table: pd.DataFrame, joint, halves: dict | None = None, seed_s
     target (aim, measured, met), so a chapter reports a miss as plainly as a hit.
 
     `table` is the study's run table (`analysis.study_table`, every status), `joint` the joint
-    fit with bootstrap intervals on its finished runs, `halves` `analysis.half_fits` with
+    fit with bootstrap intervals on its finished runs, `halves` `phi_fits.half_fits` with
     bootstrap, `seed_std` the largest seed spread (`seed_spread`).  Cells must bracket their
     minimum (the iso-FLOP parabola's vertex inside the widths trained and a minimum); residuals
     are in nats; the halves agree when each half's phi lies in the other's 95% interval."""
@@ -193,7 +194,8 @@ def rerun_targets(table: pd.DataFrame, joint, halves: dict | None = None, seed_s
         add("width of phi's 95% interval", f"≤ {phi_width_max}", f"{hi - lo:.3f}", hi - lo <= phi_width_max)
     if halves and len(halves) == 2 and all("phi" in fit.ci for _, fit in halves.values()):
         (_, low), (_, high) = halves["lower"], halves["upper"]
-        agree = (low.ci["phi"][0] <= high.phi <= low.ci["phi"][1]) and (high.ci["phi"][0] <= low.phi <= high.ci["phi"][1])
+        agree = (low.ci["phi"][0] <= high.phi <= low.ci["phi"][1]
+                 and high.ci["phi"][0] <= low.phi <= high.ci["phi"][1])
         add("budget halves' phi inside each other's intervals", "yes",
             f"{low.phi:.3f} [{low.ci['phi'][0]:.3f}, {low.ci['phi'][1]:.3f}] vs "
             f"{high.phi:.3f} [{high.ci['phi'][0]:.3f}, {high.ci['phi'][1]:.3f}]", agree)

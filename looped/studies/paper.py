@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..config import REPO
-from ..solver import LAW_PARAMS
+from ..law import Law, config_at_width, predict
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -39,8 +39,8 @@ def _joint_fit() -> dict:
 
 
 _JOINT = _joint_fit()
-PAPER_LAW = {k: float(_JOINT[k]) for k in LAW_PARAMS}    # the joint fit: A, alpha, B, beta, E, phi
-PAPER_PHI = PAPER_LAW["phi"]                               # 0.459
+PAPER_LAW = Law.from_dict(_JOINT)                          # the joint fit: A, alpha, B, beta, E, phi
+PAPER_PHI = PAPER_LAW.phi                                  # 0.459
 PAPER_PHI_CI = (float(_JOINT["phi_ci_low"]), float(_JOINT["phi_ci_high"]))   # its 95% interval [0.41, 0.53]
 
 
@@ -81,7 +81,6 @@ def runs_from_minima(path_or_df, preset="paper") -> "pd.DataFrame":
     from scipy.optimize import brentq
 
     from .. import accounting as acc
-    from ..law import config_at_width
     t = pd.read_csv(path_or_df) if not isinstance(path_or_df, pd.DataFrame) else path_or_df
     rows = []
     for row in t.itertuples():
@@ -127,29 +126,25 @@ def paper_minima() -> "pd.DataFrame":
 def published_minima(preset: str = "paper", law=None) -> "pd.DataFrame":
     """The paper's 24 iso-FLOP minima with the tokens the accounting gives at N* (D = C / F at
     the width where N = N*), that width, tokens per unique parameter, the loss gap to r = 1 at
-    the same budget, and (if `law` is given) the law's loss at that N* and D.  Columns keep the
-    published names (``n_star_unique_millions``, ``loss_star_nats``)."""
-    import numpy as np
-
-    from ..fit import FitResult
-    from ..law import law_params, predict
+    the same budget, and (if `law`, a Law or FitResult, is given) the law's loss at that N* and D.
+    Columns keep the published names (``n_star_unique_millions``, ``loss_star_nats``)."""
     out, runs = _minima_with_tokens(preset)
     out["d_model"] = runs["d_model"].to_numpy()
     out["tokens_per_param"] = out["tokens_star"] / out["n_star"]
     base = out[out.r == 1].set_index("budget")["loss_star_nats"]
     out["gap"] = out["loss_star_nats"] - out["budget"].map(base)
     if law is not None:
-        res = FitResult(**law_params(law), r2=np.nan, huber=np.nan, n_runs=0, restarts=0)
-        out["law_loss_at_n_star"] = predict(res, runs["n_once"], runs["n_rec"], runs["r"], runs["tokens"])
+        out["law_loss_at_n_star"] = predict(law, runs["n_once"], runs["n_rec"], runs["r"], runs["tokens"])
     return out
 
-def synthetic_runs(law: dict | None = None, noise: float = 0.01, seed: int = 0, grid=None) -> "pd.DataFrame":
-    """Runs of the grid (default: the paper's 116-run main grid) with losses from `law`
-    (default: the paper's joint fit) plus Gaussian noise of `noise` nats."""
-    law = dict(PAPER_LAW, **(law or {}))
+
+def synthetic_runs(changes: dict | None = None, noise: float = 0.01, seed: int = 0, grid=None) -> "pd.DataFrame":
+    """Runs of the grid (default: the paper's 116-run main grid) with losses from the paper's
+    joint fit with the parameters in `changes` replaced (e.g. ``{"phi": 0.3}``), plus Gaussian
+    noise of `noise` nats."""
+    law = PAPER_LAW.replace(**(changes or {}))
     df = (paper_grid() if grid is None else grid).copy()
-    neff = df["n_once"] + df["r"] ** law["phi"] * df["n_rec"]
-    clean = law["E"] + law["A"] * neff ** (-law["alpha"]) + law["B"] * df["tokens"] ** (-law["beta"])
+    clean = law.predict(df["n_once"], df["n_rec"], df["r"], df["tokens"])
     df["loss"] = clean + np.random.default_rng(seed).normal(0.0, noise, len(df))
     df["status"] = "ok"
     return df

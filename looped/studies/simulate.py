@@ -20,24 +20,18 @@ import numpy as np
 from .. import accounting
 from ..config import ConfigError, get_preset
 from ..io import atomic_write_json
+from ..law import as_law
 from ..memory import GPU_SPECS
 from .estimate import DEFAULT_GPU, DEFAULT_GPU_MFU
 from .paper import PAPER_LAW
 from .registry import STUDIES, SweepError, load_study
 
 
-def law_loss(law, n_once, n_rec, r, tokens) -> float:
-    """L = E + A (N_once + r^phi N_rec)^(-alpha) + B D^(-beta) for a dict or object with the six values."""
-    get = law.get if isinstance(law, dict) else lambda k: getattr(law, k)
-    n_eff = n_once + r ** get("phi") * n_rec
-    return get("E") + get("A") * n_eff ** (-get("alpha")) + get("B") * tokens ** (-get("beta"))
-
-
 def law_records(study: str, law=None, noise: float = 0.01, seed: int = 0, peak_flops: float | None = None,
                 mfu: float = DEFAULT_GPU_MFU, curve_points: int = 20) -> list[dict]:
-    """One record per planned run of `study` (see the module docstring); `law` defaults to the
-    paper's joint fit, the throughput to `mfu` of the default GPU's spec peak."""
-    law = PAPER_LAW if law is None else law
+    """One record per planned run of `study` (see the module docstring); `law` (a `Law` or a fit)
+    defaults to the paper's joint fit, the throughput to `mfu` of the default GPU's spec peak."""
+    law = as_law(PAPER_LAW if law is None else law)
     peak = peak_flops or GPU_SPECS[DEFAULT_GPU][0]
     rng = np.random.default_rng(seed)
     records = []
@@ -47,11 +41,11 @@ def law_records(study: str, law=None, noise: float = 0.01, seed: int = 0, peak_f
         steps = run.steps or accounting.steps_for_budget(cfg, run.budget, batch)
         tokens, flops_per_token = steps * batch, accounting.flops_per_token(cfg)
         n_once, n_rec = accounting.n_once(cfg), accounting.n_rec(cfg)
-        loss = law_loss(law, n_once, n_rec, cfg.r, tokens) + rng.normal(0.0, noise)
+        loss = float(law.predict(n_once, n_rec, cfg.r, tokens)) + rng.normal(0.0, noise)
         tokens_per_s = peak * mfu / flops_per_token
         # the curve: the law at the tokens seen so far (from 1% of the run, where the law is meaningful)
         marks = np.unique(np.linspace(max(1, steps // 100), steps, curve_points).astype(int))
-        curve = [[int(k), round(float(law_loss(law, n_once, n_rec, cfg.r, k * batch)), 5)] for k in marks]
+        curve = [[int(k), round(float(law.predict(n_once, n_rec, cfg.r, k * batch)), 5)] for k in marks]
         records.append({
             "schema": 1, "study": study, "run_id": run.run_id, "status": "ok", "synthetic": True,
             "r": cfg.r, "s": run.s, "injection": cfg.injection,
