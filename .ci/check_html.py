@@ -76,10 +76,18 @@ def main(argv=None) -> int:
                     route.abort()
 
             page.route("**/*", on_request)
-            page.on("console", lambda m, problems=problems: m.type == "error" and problems.append(f"console error: {m.text}"))
+            page.on(
+                "console",
+                lambda m, problems=problems: m.type == "error" and problems.append(f"console error: {m.text}"),
+            )
             page.on("pageerror", lambda e, problems=problems: problems.append(f"page error: {e}"))
-            page.on("requestfailed", lambda r, problems=problems: problems.append(f"request failed: {r.url} ({r.failure})"))
-            page.on("response", lambda r, problems=problems: r.status >= 400 and problems.append(f"HTTP {r.status}: {r.url}"))
+            page.on(
+                "requestfailed", lambda r, problems=problems: problems.append(f"request failed: {r.url} ({r.failure})")
+            )
+            page.on(
+                "response",
+                lambda r, problems=problems: r.status >= 400 and problems.append(f"HTTP {r.status}: {r.url}"),
+            )
             page.goto(base + page_path, wait_until="networkidle")
             page.wait_for_timeout(200)
             if page_path.startswith("book/"):
@@ -94,7 +102,8 @@ def main(argv=None) -> int:
         print("\n".join(failures), file=sys.stderr)
         print(f"check_html: {len(failures)} problem(s) in {len(pages)} pages", file=sys.stderr)
         return 1
-    print(f"check_html: {len(pages)} pages clean; screenshots in {shots.relative_to(ROOT) if shots.is_relative_to(ROOT) else shots}")
+    where = shots.relative_to(ROOT) if shots.is_relative_to(ROOT) else shots
+    print(f"check_html: {len(pages)} pages clean; screenshots in {where}")
     return 0
 
 

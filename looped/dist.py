@@ -76,6 +76,13 @@ class Dist:
         dist.all_reduce(t)
         return t.item() / self.world
 
+    def min(self, x: int) -> int:
+        if self.world == 1:
+            return x
+        t = torch.tensor([x], dtype=torch.int64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return int(t.item())
+
     def barrier(self):
         if self.world > 1:
             dist.barrier()

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import asdict, dataclass
 
@@ -183,6 +184,13 @@ def auto_micro_batch(cfg: ModelConfig, rows_per_process: int, free_bytes: float,
         if predict_peak(cfg, m, dtype)["peak_bytes"] <= budget:
             return m
     return 1
+
+
+def prefer_expandable_segments():
+    """Let CUDA's caching allocator grow its segments in place, unless the user set its options:
+    memory freed by an out-of-memory halving is then found again in one piece, not as fragments.
+    Call it before torch is imported (the allocator reads the variable once, at CUDA's first use)."""
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
 
 def device_free_bytes(device=None) -> int | None:

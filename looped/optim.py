@@ -83,6 +83,7 @@ class MuonH(torch.optim.Optimizer):
             raise ValueError(f"invalid lr={lr} or momentum={momentum}")
         super().__init__(params, dict(lr=lr, momentum=momentum, ns_steps=ns_steps))
         self.batched = batched  # False: the matrix-by-matrix reference (same maths, slower)
+        self._layouts: dict = {}  # see _layout
         for group in self.param_groups:
             for p in group["params"]:
                 if p.ndim != 2:
@@ -110,6 +111,26 @@ class MuonH(torch.optim.Optimizer):
             norms = [p.norm().item() for p in fresh]
         for p, norm in zip(fresh, norms):
             self.state[p].update(momentum_buffer=torch.zeros_like(p), w0_norm=norm)
+        self._layouts.clear()
+
+    def load_state_dict(self, state_dict):
+        super().load_state_dict(state_dict)
+        self._layouts.clear()  # the initial norms now come from the checkpoint
+
+    def _layout(self, params) -> tuple[torch.Tensor, list[tuple[list[int], torch.Tensor]]]:
+        """The initial norms of `params` as one device tensor, and per shape the indices of its
+        matrices and their norms: built once, because a tensor made from a Python list (or a
+        tensor indexed by one) is a copy from pageable host memory, which on CUDA waits for
+        the stream; rebuilt each step they cost 2-4 host syncs a step."""
+        key = tuple(map(id, params))
+        if key not in self._layouts:
+            w0 = torch.tensor([self.state[p]["w0_norm"] for p in params], dtype=torch.float32,
+                              device=params[0].device)
+            by_shape: dict[tuple[int, int], list[int]] = {}
+            for i, p in enumerate(params):
+                by_shape.setdefault(tuple(sorted(p.shape)), []).append(i)
+            self._layouts[key] = (w0, [(index, w0[index]) for index in by_shape.values()])
+        return self._layouts[key]
 
     def _step_one_by_one(self, group, params):
         """The reference implementation: one Polar Express chain per matrix."""
@@ -137,17 +158,13 @@ class MuonH(torch.optim.Optimizer):
         grads = [p.grad for p in params]
         torch._foreach_lerp_(bufs, grads, 1 - momentum)
         nesterov = torch._foreach_lerp(grads, bufs, momentum)
-        w0 = torch.tensor([self.state[p]["w0_norm"] for p in params], dtype=torch.float32,
-                          device=params[0].device)
-        by_shape: dict[tuple[int, int], list[int]] = {}
-        for i, p in enumerate(params):
-            by_shape.setdefault(tuple(sorted(p.shape)), []).append(i)
+        w0, shapes = self._layout(params)
         updates: list[torch.Tensor | None] = [None] * len(params)
-        for index in by_shape.values():
+        for index, w0_index in shapes:
             stack = torch.stack([nesterov[i].mT if params[i].size(0) > params[i].size(1) else nesterov[i]
                                  for i in index])
             X = polar_express(stack, group["ns_steps"]).float()
-            X = X * (lr * w0[index] / (X.norm(dim=(1, 2)) + 1e-12))[:, None, None]
+            X = X * (lr * w0_index / (X.norm(dim=(1, 2)) + 1e-12))[:, None, None]
             for j, i in enumerate(index):
                 x = X[j].mT if params[i].size(0) > params[i].size(1) else X[j]
                 updates[i] = x.to(params[i].dtype)
@@ -231,6 +248,17 @@ def build_optimizers(model: nn.Module, cfg: ModelConfig, batch_tokens: int,
         fused = {"fused": True} if all(p.is_cuda for g in adam for p in g["params"]) else {"foreach": fast}
         optimizers.append(torch.optim.AdamW(adam, betas=(0.8, 0.95), eps=1e-10, weight_decay=0.0, **fused))
     return optimizers
+
+
+def set_fast(optimizers, fast: bool) -> None:
+    """Switch built optimizers between the batched step and the one-tensor-at-a-time reference
+    (as `build_optimizers(fast=...)` would have built them; fused CUDA AdamW stays fused)."""
+    for opt in optimizers:
+        if isinstance(opt, MuonH):
+            opt.batched = fast
+        elif not opt.defaults.get("fused"):
+            for group in opt.param_groups:
+                group["foreach"] = fast
 
 
 def lr_multiplier(step: int, total_steps: int) -> float:

@@ -5,13 +5,16 @@ spends exactly its compute.  One code path serves the CPU (fp32), one GPU (bf16 
 and several GPUs under `torchrun` (DDP); on the CPU the same DDP path runs on gloo, which is
 how the tests check it.  By default the step is the fast one on every device: the model's
 forward and backward compiled by torch.compile (inductor) and the optimizers batched over
-tensors; `compile=False` (`--no-compile`) is the plain eager reference with the same maths.  Checkpoints and records are written
-atomically, so a killed run loses at most one checkpoint interval and never a record.
+tensors; `compile=False` (`--no-compile`) is the plain eager reference with the same maths, and
+where inductor cannot compile the run falls back to it.  On a GPU the micro-batch starts at
+looped.memory's prediction and halves on out-of-memory.  Checkpoints (looped.checkpoint) and
+records are written atomically, so a killed run loses at most one checkpoint interval.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import math
 import platform
@@ -19,65 +22,20 @@ import random
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from . import accounting, data, optim
-from .config import DEFAULT_SEED, REPO, ConfigError, get_preset, model_config, run_name
+from . import accounting, data, memory, optim
+from .checkpoint import Cadence, load_checkpoint, save_checkpoint
+from .config import REPO, ConfigError, get_preset
 from .dist import Dist, prepare_once
-from .io import atomic_open, atomic_write_json
-from .memory import gpu_spec
+from .io import atomic_write_json
 from .model import LoopedGPT
-
-
-class TrainError(RuntimeError):
-    """A run that cannot start or continue (bad checkpoint, existing record, too little data)."""
-
-
-@dataclass
-class TrainConfig:
-    preset: str = "cpu"
-    r: int = 1
-    s: float = 8
-    injection: str | None = None      # None: 'none' for r=1, 'linear' otherwise
-    lanes: int = 2
-    bptt_k: int | None = None
-    budget: float | None = None       # training FLOPs; or give `steps`
-    steps: int | None = None          # with `budget` too: train this many steps; `budget` names the cell
-    batch_tokens: int | None = None   # default: the preset's
-    micro_batch: int | None = None    # rows per forward pass per process (None: the whole batch on
-                                      # the CPU, the largest that fits on a GPU)
-    seed: int = DEFAULT_SEED
-    data_order: int | None = None     # None: the fixed row order every run reads; an int seeds a
-                                      # permutation of the run's step blocks (same rows, new order)
-    lr_scale: float | None = None     # multiplies HyperP's learning rates (None: the preset's default)
-    out: str | None = None            # record path; None writes no record
-    study: str = "adhoc"
-    checkpoint: str | None = None     # checkpoint path; default: next to the record under ckpt/
-    checkpoint_every: int = 0         # steps between checkpoints; 0 = never
-    resume: bool = True               # continue from the checkpoint if one exists
-    overwrite: bool = False           # replace an existing record
-    eval_tokens: int | None = None    # default: the preset's
-    log_every: int = 10
-    compile: bool = True              # the fast path (torch.compile + batched optimizers); False: eager
-    data_dir: str | None = None
-    quiet: bool = False
-    peak_flops: float | None = None   # MFU denominator; None: device_peak_flops()
-    stop_after: int | None = None     # stop (as if killed) after this many steps: for tests
-
-    def model_config(self):
-        return model_config(self.preset, r=self.r, s=self.s, injection=self.injection,
-                            lanes=self.lanes, bptt_k=self.bptt_k)
-
-
-def run_id(tc: TrainConfig) -> str:
-    """A readable, unique name for a run within a study."""
-    return run_name(tc.model_config(), tc.budget, tc.steps, tc.lr_scale, tc.seed, tc.batch_tokens, tc.data_order)
-
+from .options import TrainConfig, TrainError, add_options, given_options, run_id  # noqa: F401 (the API)
 
 # ----------------------------------------------------------------------------- utilities
 
@@ -141,22 +99,45 @@ def device_peak_flops(device: torch.device) -> float:
     to fill the device.
     """
     if device.type == "cuda":
-        spec = gpu_spec(torch.cuda.get_device_name(device), torch.cuda.get_device_properties(device).total_memory)
+        total = torch.cuda.get_device_properties(device).total_memory
+        spec = memory.gpu_spec(torch.cuda.get_device_name(device), total)
         if spec:
             return spec[1]
         return matmul_peak(device, torch.bfloat16, n=8192)
     return matmul_peak(device, torch.float32)
 
 
-def peak_memory_bytes(device: torch.device) -> int:
-    """Peak memory of this run: allocated CUDA memory, or the process's peak resident size."""
+def first_micro_batch(cfg, rows_per_process: int, device: torch.device) -> int:
+    """A run's micro-batch when none is given: where the device reports its free memory (CUDA),
+    looped.memory's choice for it -- the call, and so the number, `looped sweep --dry-run`
+    prints -- else (the CPU) the process's whole share of the step."""
+    free = memory.device_free_bytes(device)
+    if free is None:
+        return rows_per_process
+    return memory.auto_micro_batch(cfg, rows_per_process, free, "bf16" if device.type == "cuda" else "fp32")
+
+
+def fresh_device_memory(device: torch.device):
+    """Start a run with the device's memory as a new process would see it: the blocks earlier
+    runs of a sweep left cached (counted as used by the free memory the micro-batch is chosen
+    from) returned, and the peak counter reset, so no run inherits another's peak."""
     if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_bytes(device: torch.device) -> tuple[int, str]:
+    """Peak memory and its scope: this run's allocated CUDA memory ('run'), or on the CPU the
+    process's peak resident size ('process'): ru_maxrss cannot be reset, so in a sweep it is the
+    largest run so far, not this run's own."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device)), "run"
     import resource
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "process"  # Linux: KiB
 
 
-# ----------------------------------------------------------------------------- checkpoints
+# ----------------------------------------------------------------------------- the fast path
 
 def fast_model(model: torch.nn.Module) -> torch.nn.Module:
     """The fast path's model: the fused loss tail (`model.softcap_cross_entropy`), and forward
@@ -175,27 +156,18 @@ def fast_model(model: torch.nn.Module) -> torch.nn.Module:
     return torch.compile(model, dynamic=False)
 
 
-def save_checkpoint(path: Path, model, optimizers, step: int, state: dict):
-    """Written straight to a temporary file, then renamed: no second copy in host memory."""
-    with atomic_open(path) as f:
-        torch.save({"model": model.state_dict(), "optimizers": [o.state_dict() for o in optimizers],
-                    "step": step, "state": state}, f)
+def compile_errors() -> tuple[type, ...]:
+    """What a failed torch.compile raises: dynamo's errors (inductor's wrapped in them at the
+    first call) and inductor's own (raised bare by a compile outside dynamo, e.g. the backward)."""
+    import torch._dynamo.exc
+    import torch._inductor.exc
+    own = (v for v in vars(torch._inductor.exc).values() if isinstance(v, type) and issubclass(v, Exception))
+    return (torch._dynamo.exc.TorchDynamoException, *own)
 
 
-def load_checkpoint(path: Path, model, optimizers, expect: dict) -> tuple[int, dict]:
-    try:
-        ck = torch.load(path, map_location="cpu", weights_only=False)
-        if ck["state"]["run"] != expect:
-            raise TrainError(f"checkpoint {path} belongs to a different run configuration; "
-                             "delete it or pass another --checkpoint")
-        model.load_state_dict(ck["model"])
-        for o, sd in zip(optimizers, ck["optimizers"], strict=True):
-            o.load_state_dict(sd)
-        return int(ck["step"]), ck["state"]
-    except TrainError:
-        raise
-    except Exception as e:  # a truncated or foreign file: say so, never train from garbage
-        raise TrainError(f"checkpoint {path} is unreadable ({type(e).__name__}); delete it to restart the run") from None
+def short_reason(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:200]
 
 
 # ----------------------------------------------------------------------------- training
@@ -251,6 +223,9 @@ def train(tc: TrainConfig) -> dict:
                          f"{dataset.n_rows('train')}: lower the budget (runs never repeat data)")
     eval_rows = min(dataset.n_rows("val"), max(1, (tc.eval_tokens or preset.eval_tokens) // T))
 
+    fresh_device_memory(dd.device)  # before the model: the micro-batch is chosen from what is free
+    if not tc.micro_batch:  # the ranks' GPUs may have different memory free: all take the smallest
+        micro = dd.min(first_micro_batch(cfg, micro, dd.device))
     torch.manual_seed(tc.seed)
     raw = LoopedGPT(cfg).to(dd.device)
     tokens_total = steps * batch_tokens
@@ -265,6 +240,7 @@ def train(tc: TrainConfig) -> dict:
         model = torch.nn.parallel.DistributedDataParallel(
             raw, device_ids=[dd.local_rank] if dd.device.type == "cuda" else None,
             gradient_as_bucket_view=True, broadcast_buffers=False)
+    eager = model
     if tc.compile:
         model = fast_model(model)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if dd.device.type == "cuda" \
@@ -275,10 +251,17 @@ def train(tc: TrainConfig) -> dict:
     identity = {"model": cfg.to_dict(), "steps": steps, "batch_tokens": batch_tokens, "seed": tc.seed,
                 "lr_scale": lr_scale, **({"data_order": tc.data_order} if tc.data_order is not None else {})}
     blocks = step_blocks(steps, tc.data_order)
-    start, state = 0, {"curve": [], "train_seconds": 0.0, "steady": [0, 0.0], "first_step_seconds": None,
-                       "run": identity}
+    fresh = {"curve": [], "train_seconds": 0.0, "steady": [0, 0.0], "first_step_seconds": None, "run": identity,
+             "micro_batch_history": [], "checkpoints": 0, "checkpoint_save_seconds": 0.0}
+    start, state = 0, fresh
     if ckpt_path and tc.resume and ckpt_path.exists():
         start, state = load_checkpoint(ckpt_path, raw, optimizers, identity)
+        state = {**fresh, **state}  # a checkpoint of an older version lacks the newer keys
+    history = state["micro_batch_history"]  # [step, micro-batch from that step on]
+    if not tc.micro_batch and history and history[-1][1] < micro and micro % history[-1][1] == 0:
+        micro = history[-1][1]  # the run had halved before it stopped: no second out-of-memory
+    if not history or history[-1][1] != micro:
+        history.append([start, micro])
 
     flops_per_token = accounting.flops_per_token(cfg)
     peak = tc.peak_flops or device_peak_flops(dd.device)
@@ -292,7 +275,10 @@ def train(tc: TrainConfig) -> dict:
         loss_sum = torch.zeros((), device=dd.device)
         for a in range(accum):
             first = blocks[step] * rows_per_step + (a * dd.world + dd.rank) * micro
-            batch = dataset.rows("train", first, micro).to(dd.device, non_blocking=True)
+            batch = dataset.rows("train", first, micro)
+            if dd.device.type == "cuda":  # from pinned memory the copy need not wait for the GPU
+                batch = batch.pin_memory()
+            batch = batch.to(dd.device, non_blocking=True)
             sync_ctx = model.no_sync() if dd.world > 1 and a < accum - 1 else contextlib.nullcontext()
             with sync_ctx, autocast:
                 loss = model(batch[:, :-1], batch[:, 1:]) / accum
@@ -300,28 +286,49 @@ def train(tc: TrainConfig) -> dict:
             loss_sum += loss.detach()
         return loss_sum
 
+    cadence = Cadence.of(tc, dd.device)
+    compiled, compile_error, cannot_compile = tc.compile, None, compile_errors() if tc.compile else ()
     status, step = "ok", start
     t_seg = time.perf_counter()
     for step in range(start, steps):
         t_step = time.perf_counter()
         optim.set_lr(optimizers, optim.lr_multiplier(step, steps))
+        retried = False
         while True:
             try:
                 loss_sum = one_step(step, micro)
                 break
-            except torch.cuda.OutOfMemoryError:
-                # an automatically chosen micro-batch that does not fit after all: halve it
-                # (only at a segment's first step, before anything was learned from it)
-                if tc.micro_batch is not None or step != start or micro == 1:
+            except torch.OutOfMemoryError:
+                # Under DDP this relies on every rank running out at once (same shapes, same GPUs).
+                if tc.micro_batch or micro == 1:  # a micro-batch the user chose is theirs to change
                     raise
-                for o in optimizers:
-                    o.zero_grad(set_to_none=True)
-                torch.cuda.empty_cache()
+                failure = None
+            except cannot_compile as e:
+                if not compiled:
+                    raise
+                failure = short_reason(e)
+            # here, out of the handler, the traceback and the activations its frames held are gone
+            retried = True
+            for o in optimizers:
+                o.zero_grad(set_to_none=True)  # the partial step's gradients: redo it from its start
+            if failure is None:  # the memory model is an estimate, and optimizer state comes at step 1
                 micro //= 2
-        if dd.world > 1:
-            dist.all_reduce(loss_sum)
-            loss_sum /= dd.world
-        loss_value = loss_sum.item()  # the step's one host sync
+                history.append([step, micro])
+                fresh_device_memory(dd.device)
+            else:  # inductor cannot compile on this machine: the eager reference step, as --no-compile
+                model, compiled, compile_error = eager, False, failure
+                raw.fused_loss = False
+                optim.set_fast(optimizers, False)
+                if dd.main:
+                    print(f"looped train: warning: torch.compile failed, training eager ({failure})", file=sys.stderr)
+        due_by_time = cadence.time_due()
+        if dd.world > 1:  # ranks checkpoint together: the clocks' votes ride on the loss's reduction
+            votes = torch.stack([loss_sum, torch.full((), float(due_by_time), device=dd.device)])
+            dist.all_reduce(votes)
+            votes[0] /= dd.world
+            loss_value, due_by_time = votes.tolist()  # the step's one host sync
+        else:
+            loss_value = loss_sum.item()  # the step's one host sync
         if not math.isfinite(loss_value):
             status = "diverged"
             state["curve"].append([step, None])
@@ -334,7 +341,7 @@ def train(tc: TrainConfig) -> dict:
         now = time.perf_counter()
         if step == start:  # compile and warm-up: kept out of the throughput figures
             state["first_step_seconds"] = state["first_step_seconds"] or now - t_step
-        else:
+        elif not retried:  # (a retried step compiled again, for its new micro-batch)
             state["steady"] = [state["steady"][0] + 1, state["steady"][1] + now - t_step]
         if step % tc.log_every == 0 or done == steps:
             state["curve"].append([step, round(loss_value, 5)])
@@ -345,12 +352,18 @@ def train(tc: TrainConfig) -> dict:
             post.update({"tok/s": f"{tok_s:,.0f}", "mfu": f"{tok_s * flops_per_token / peak:.0%}"})
         bar.set_postfix(post, refresh=False)
         bar.update(1)
-        if ckpt_path and tc.checkpoint_every and done % tc.checkpoint_every == 0 and done < steps:
+        if ckpt_path and done < steps and cadence.due(done, bool(due_by_time)):
             state["train_seconds"] = elapsed
+            state["checkpoints"] += 1
+            t_save = time.perf_counter()
             if dd.main:
                 save_checkpoint(ckpt_path, raw, optimizers, done, state)
-            state["train_seconds"], t_seg, start = elapsed, time.perf_counter(), done
             dd.barrier()
+            # out of wall_seconds and tokens/s, and recorded on its own (a resumed run lacks the
+            # duration of the save it resumed from: that checkpoint was written before it was known)
+            state["checkpoint_save_seconds"] += time.perf_counter() - t_save
+            cadence.saved()
+            t_seg = time.perf_counter()
         if tc.stop_after is not None and done >= tc.stop_after and done < steps:
             bar.close()
             return {"status": "stopped", "step": done}
@@ -365,9 +378,11 @@ def train(tc: TrainConfig) -> dict:
         status, val = "diverged", None
     steady_steps, steady_seconds = state["steady"]
     tok_s = steady_steps * batch_tokens / steady_seconds if steady_seconds > 0 else None
+    peak_bytes, peak_scope = peak_memory_bytes(dd.device)
     record = {
         "schema": 1, "study": tc.study, "run_id": run_id(tc), "status": status,
-        "r": cfg.r, "s": tc.s, "injection": cfg.injection, "lanes": cfg.lanes if cfg.injection == "hyperconnect" else None,
+        "r": cfg.r, "s": tc.s, "injection": cfg.injection,
+        "lanes": cfg.lanes if cfg.injection == "hyperconnect" else None,
         "bptt_k": cfg.k_bwd, "budget": tc.budget, "preset": tc.preset,
         "d_model": cfg.d_model, "n": accounting.n_params(cfg), "n_once": accounting.n_once(cfg),
         "n_rec": accounting.n_rec(cfg), "flops_per_token": flops_per_token,
@@ -376,8 +391,10 @@ def train(tc: TrainConfig) -> dict:
         "wall_seconds": round(train_seconds, 3), "tokens_per_s": tok_s,
         "flops_per_s": tok_s * flops_per_token if tok_s else None,
         "mfu": tok_s * flops_per_token / peak if tok_s and peak else None, "peak_flops": peak,
-        "first_step_seconds": state["first_step_seconds"], "micro_batch": micro, "compile": tc.compile,
-        "peak_memory_bytes": peak_memory_bytes(dd.device),
+        "first_step_seconds": state["first_step_seconds"], "micro_batch": micro,
+        "micro_batch_history": history, "compile": compiled, "compile_error": compile_error,
+        "checkpoints": state["checkpoints"], "checkpoint_save_seconds": round(state["checkpoint_save_seconds"], 3),
+        "peak_memory_bytes": peak_bytes, "peak_memory_scope": peak_scope,
         "device": device_name(dd.device), "world_size": dd.world, "seed": tc.seed, "data_order": tc.data_order,
         "lr_scale": lr_scale,
         "learning_rates": {g.get("name", str(i)): g["initial_lr"] for o in optimizers
@@ -396,53 +413,16 @@ def train(tc: TrainConfig) -> dict:
 
 # ----------------------------------------------------------------------------- CLI
 
-def add_train_args(ap: argparse.ArgumentParser):
-    ap.add_argument("--preset", default="cpu")
-    ap.add_argument("--r", "--recurrences", dest="r", type=int, default=1,
-                    help="recurrences per forward pass (under torchrun spell it --recurrences: "
-                         "torchrun rejects --r as an ambiguous abbreviation of its own options)")
-    ap.add_argument("--size", "-s", type=float, default=8)
-    ap.add_argument("--injection", default=None)
-    ap.add_argument("--lanes", type=int, default=2)
-    ap.add_argument("--bptt-k", type=int, default=None)
-    ap.add_argument("--budget", type=float, default=None, help="training FLOPs")
-    ap.add_argument("--steps", type=int, default=None)
-    ap.add_argument("--batch-tokens", type=int, default=None)
-    ap.add_argument("--micro-batch", type=int, default=None, help="rows per forward pass per process")
-    ap.add_argument("--seed", type=int, default=42)
-    ap.add_argument("--data-order", type=int, default=None,
-                    help="seed a permutation of the run's step blocks (default: the fixed order)")
-    ap.add_argument("--lr-scale", type=float, default=None,
-                    help="multiplier on HyperP's learning rates (default: the preset's, 1 but where an LR sweep re-based it)")
-    ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
-                    help="the fast path: torch.compile + batched optimizers (default); --no-compile "
-                         "runs the plain eager reference step")
-    ap.add_argument("--peak-flops", type=float, default=None,
-                    help="MFU denominator in FLOP/s (default: a known GPU's spec, else measured)")
-    ap.add_argument("--data-dir", default=None)
-    ap.add_argument("--quiet", action="store_true")
-
-
 def main(argv=None) -> int:
+    memory.prefer_expandable_segments()  # before CUDA's first use (Dist picks the device)
     ap = argparse.ArgumentParser(prog="looped train", description=__doc__.splitlines()[0])
-    add_train_args(ap)
-    ap.add_argument("--out", default=None, help="run record path (JSON)")
-    ap.add_argument("--study", default="adhoc")
-    ap.add_argument("--checkpoint", default=None)
-    ap.add_argument("--checkpoint-every", type=int, default=50)
-    ap.add_argument("--no-resume", action="store_true")
-    ap.add_argument("--overwrite", action="store_true")
+    add_options(ap)
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["--"]:  # `torchrun ... -m looped train -- ARGS` passes the separator through
         argv = argv[1:]
-    a = ap.parse_args(argv)
-    tc = TrainConfig(preset=a.preset, r=a.r, s=a.size, injection=a.injection, lanes=a.lanes, bptt_k=a.bptt_k,
-                     budget=a.budget, steps=a.steps, batch_tokens=a.batch_tokens, micro_batch=a.micro_batch,
-                     seed=a.seed, data_order=a.data_order, lr_scale=a.lr_scale, out=a.out, study=a.study, checkpoint=a.checkpoint,
-                     checkpoint_every=a.checkpoint_every, resume=not a.no_resume, overwrite=a.overwrite,
-                     compile=a.compile, peak_flops=a.peak_flops, data_dir=a.data_dir, quiet=a.quiet)
+    options = given_options(ap.parse_args(argv))
     try:
-        rec = train(tc)
+        rec = train(TrainConfig(**options))
     except (ConfigError, TrainError, data.DataError) as e:
         print(f"looped train: error: {e}", file=sys.stderr)
         return 2

@@ -283,10 +283,23 @@ def test_train_under_torchrun_outlasts_a_slow_rank0_prepare(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    procs = [subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              env={**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-                                   "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"})
-             for rank in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={
+                **os.environ,
+                "RANK": str(rank),
+                "WORLD_SIZE": "2",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "OMP_NUM_THREADS": "1",
+            },
+        )
+        for rank in (0, 1)
+    ]
     outs = [p.communicate(timeout=280)[0] for p in procs]
     for rank, out in enumerate(outs):
         assert f"RESULT {rank} ok" in out, out

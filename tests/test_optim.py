@@ -189,3 +189,49 @@ def test_optimizers_reduce_loss_on_a_fixed_batch():
         model.zero_grad(set_to_none=True)
         losses.append(loss.item())
     assert losses[-1] < losses[0] - 0.5, losses
+
+
+def test_muonh_steps_build_no_tensors_from_host_data():
+    """After its first step MuonH makes no tensor from Python data (`lift_fresh` is the op torch
+    records for one): on CUDA each would be a copy from pageable memory that waits for the GPU,
+    2-4 host syncs a step.  A checkpoint's norms, loaded later, are used (and then kept) too."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class HostData(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.count += func is torch.ops.aten.lift_fresh.default
+            return func(*args, **(kwargs or {}))
+
+    cfg = model_config("tiny", r=4, s=4)  # square, wide and tall matrices
+    muon = build_optimizers(LoopedGPT(cfg), cfg, 256, 10_000)[0]
+    params, g = muon.param_groups[0]["params"], torch.Generator().manual_seed(0)
+
+    def step():
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=g)
+        muon.step()
+    step()
+    with HostData() as watch:
+        step()
+        step()
+    assert watch.count == 0
+    saved = copy.deepcopy(muon.state_dict())
+    saved["state"][0]["w0_norm"] *= 2
+    muon.load_state_dict(saved)
+    step()
+    assert params[0].norm().item() == pytest.approx(saved["state"][0]["w0_norm"], rel=1e-5)
+
+
+def test_set_fast_switches_built_optimizers_to_the_reference_step():
+    from looped.optim import set_fast
+    cfg = model_config("tiny", r=4, s=4)
+    model = LoopedGPT(cfg)
+    switched, ref = (build_optimizers(model, cfg, 256, 10_000, fast=fast) for fast in (True, False))
+    set_fast(switched, False)
+    assert switched[0].batched is ref[0].batched is False
+    foreach = [[g["foreach"] for g in opts[1].param_groups] for opts in (switched, ref)]
+    assert foreach[0] == foreach[1] == [False] * 3

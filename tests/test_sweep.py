@@ -303,6 +303,8 @@ def test_runs_table_and_csv(reference, tmp_path, capsys):
     ([STUDY, "--grid", "/no/such/grid.csv", "--preset", "tiny"], "cannot read grid"),
     ([STUDY, "--grid", "GRID", "--preset", "nope"], "unknown preset"),
     (["absent", "--grid", "GRID", "--preset", "tiny"], "no rows"),
+    (["paper-main", "--preset", "tiny", "--dry-run"], "applies to --grid runs"),
+    ([STUDY, "--grid", "GRID", "--preset", "tiny", "--checkpoint-seconds", "-5"], "must be >= 0"),
 ])
 def test_sweep_cli_bad_input_exits_2(argv, match, grid_csv, tmp_path, capsys):
     argv = [str(grid_csv) if a == "GRID" else a for a in argv] + ["--out", str(tmp_path / "o")]
@@ -363,7 +365,11 @@ def test_gpu_dry_run_fixed_micro_batch_and_gpus(capsys):
                        "--mfu", "0.5"]) == 0
     text = capsys.readouterr().out
     header = text.splitlines()[0].split()
-    rows = [dict(zip(header, ln.split())) for ln in text.splitlines()[1:] if ln.split()[:1] and ln.split()[0].startswith("C")]
+    rows = [
+        dict(zip(header, ln.split()))
+        for ln in text.splitlines()[1:]
+        if ln.split()[:1] and ln.split()[0].startswith("C")
+    ]
     assert len(rows) == 116 and {r["micro_batch"] for r in rows} == {"8"}
     assert "h wall on 8 GPU(s)" in text and "assumed 50% MFU" in text
 
@@ -444,7 +450,9 @@ def test_cpu_estimate_times_a_new_study_with_the_presets_fast_path_runs(tmp_path
         atomic_write_json(root / "copy" / f"{run.run_id}.json", {**rec, "copied_from": "x", "wall_seconds": 1.0})
     found = estimate.fast_path_records("prose", root)
     assert len(found) == len(registry.load_study("prose-pilot"))
-    monkeypatch.setattr(estimate, "fast_path_records", lambda preset, orig=estimate.fast_path_records: orig(preset, root))
+    monkeypatch.setattr(
+        estimate, "fast_path_records", lambda preset, orig=estimate.fast_path_records: orig(preset, root)
+    )
     est = estimate.cpu_estimate(runs, tmp_path / "runs" / "new", peak_flops=1e9, processes=2)
     assert est["timing"] == pytest.approx((0.2, 1e-10), rel=1e-6)
     secs = est["table"].est_seconds
@@ -558,3 +566,101 @@ def test_data_order_permutes_the_same_blocks():
     shuffled = step_blocks(50, 43)
     assert sorted(shuffled) == list(range(50)) and shuffled != list(range(50))
     assert shuffled == step_blocks(50, 43) and shuffled != step_blocks(50, 44)
+
+
+def test_the_trainer_starts_from_the_micro_batch_the_dry_run_prints(monkeypatch, capsys):
+    """For one device memory size (injected: no GPU here) the trainer's first micro-batch is the
+    dry run's, run by run: both are looped.memory's choice for the same free memory."""
+    from looped import memory
+    from looped import train as trainer
+    free = 60e9
+    assert sweep.main(["gpu-main", "--dry-run", "--device-memory", str(free)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = lines[0].split()
+    printed = {ln.split()[0]: int(dict(zip(header, ln.split()))["micro_batch"]) for ln in lines[1:]
+               if ln.split()[:1] and ln.split()[0].startswith("C")}
+    monkeypatch.setattr(memory, "device_free_bytes", lambda device=None: free)  # what CUDA would report
+    runs = registry.load_study("gpu-main")
+    assert len(printed) == len(runs) and len(set(printed.values())) > 1
+    for run in runs:
+        rows = run.tokens_per_step // run.model_config().seq_len
+        assert trainer.first_micro_batch(run.model_config(), rows, torch.device("cuda")) == printed[run.run_id]
+
+
+def test_sweep_sets_expandable_segments_before_torch(grid_csv, tmp_path, monkeypatch):
+    """`looped sweep` lets CUDA's allocator grow segments (unless the user configured it) and sets
+    that before torch is imported: the allocator reads the variable once."""
+    seen, write = [], fake_train([])
+
+    def train(tc):
+        seen.append(os.environ.get("PYTORCH_CUDA_ALLOC_CONF"))
+        return write(tc)
+    monkeypatch.setattr("looped.train.train", train)
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    argv = [STUDY, "--grid", str(grid_csv), "--preset", "tiny"]
+    assert sweep.main([*argv, "--out", str(tmp_path / "a")]) == 0
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512")
+    assert sweep.main([*argv, "--out", str(tmp_path / "b")]) == 0
+    n = len(registry.load_study(STUDY, grid_csv, "tiny"))
+    assert seen == ["expandable_segments:True"] * n + ["max_split_size_mb:512"] * n
+    probe = "import sys; from looped import cli; from looped.studies import sweep; print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", probe], env=env1(), capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "False", done.stderr
+
+
+def test_every_training_option_is_one_flag_in_train_sweep_and_slurm(grid_csv, tmp_path, monkeypatch, capsys):
+    """TrainConfig is the one definition of a training option: every user-facing field is a
+    `looped train` flag; those the sweep passes on are `looped sweep` flags that reach every run
+    and the SLURM script when set (and only then); the study is resolved once."""
+    import argparse
+    import re
+    import shlex
+    import typing
+    from dataclasses import fields
+
+    from looped import options
+    from looped.train import TrainConfig
+    from looped.train import main as train_main
+
+    def help_of(main):
+        with pytest.raises(SystemExit):
+            main(["--help"])
+        return capsys.readouterr().out
+
+    def shown(flag, text):
+        return re.search(rf"(^|[\s\[]){re.escape(flag)}[\s,\]]", text) is not None
+    train_help, sweep_help = help_of(train_main), help_of(sweep.main)
+    passed = options.cli_fields(passthrough=True)
+    assert {f.name for f in passed} >= {"micro_batch", "compile", "peak_flops", "checkpoint_every",
+                                        "checkpoint_seconds", "data_dir"}
+    for f in fields(TrainConfig):
+        flag = options.flags(f)[0]
+        assert shown(flag, train_help) == bool(f.metadata["cli"]), flag
+        if flag not in ("--preset", "--out"):  # the sweep's own, with their own meaning
+            assert shown(flag, sweep_help) == (f in passed), flag
+    hints = typing.get_type_hints(TrainConfig)
+
+    def sample(f):  # a value other than the default, by type
+        kind = next(t for t in typing.get_args(hints[f.name]) or (hints[f.name],) if t is not type(None))
+        return {bool: not f.default, int: 3, float: 2.5e12, str: str(tmp_path / f.name)}[kind]
+    values = {f.name: sample(f) for f in passed}
+    argv = options.option_argv(values)
+    ap = argparse.ArgumentParser()
+    options.add_options(ap)
+    assert options.given_options(ap.parse_args(argv)) == values  # `looped train` reads them back
+    seen, loads, load_study = [], [], sweep.load_study
+
+    def fake(tc):
+        seen.append(tc)
+        return fake_train([])(tc)
+    monkeypatch.setattr("looped.train.train", fake)
+    monkeypatch.setattr(sweep, "load_study", lambda *a: loads.append(a) or load_study(*a))
+    base = [STUDY, "--grid", str(grid_csv), "--preset", "tiny", "--out", str(tmp_path / "o")]
+    assert sweep.main([*base, *argv]) == 0
+    assert len(loads) == 1 and seen and all({k: getattr(tc, k) for k in values} == values for tc in seen)
+    script = tmp_path / "t.sbatch"
+    assert sweep.main([*base, "--slurm", "2", "--slurm-script", str(script), *argv]) == 0
+    assert shlex.join(argv) in script.read_text().strip().splitlines()[-1]
+    assert sweep.main([*base, "--slurm", "2", "--slurm-script", str(script)]) == 0
+    bare = script.read_text().strip().splitlines()[-1]
+    assert not any(shown(options.flags(f)[0], bare) for f in passed)

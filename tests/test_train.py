@@ -239,8 +239,20 @@ def test_nan_loss_stops_the_run_as_diverged(tmp_path, tiny_data, monkeypatch, ca
     assert files_under(out.parent) == ["bad.json"]
     # the CLI says so with exit code 3 (not an error: the record is a valid result)
     calls["n"] = 0
-    code = train_main(["--preset", "tiny", "--size", "1", "--steps", "20", "--quiet", "--no-compile",  # eager, like BASE:
-                       "--out", str(tmp_path / "cli.json")])  # the poisoned forward would recompile every step
+    code = train_main(
+        [
+            "--preset",
+            "tiny",
+            "--size",
+            "1",
+            "--steps",
+            "20",
+            "--quiet",
+            "--no-compile",  # eager, like BASE:
+            "--out",
+            str(tmp_path / "cli.json"),
+        ]
+    )  # the poisoned forward would recompile every step
     assert code == 3 and '"status": "diverged"' in capsys.readouterr().out
     # the fitter ignores diverged runs
     fit = pytest.importorskip("looped.fit")
@@ -328,7 +340,185 @@ def test_preset_lr_scale_is_the_default_multiplier(tiny_data, monkeypatch):
     assert rec["lr_scale"] == 1.4
     hyperp = optim.learning_rates(tc.model_config(), rec["batch_tokens"], rec["tokens"])
     assert rec["learning_rates"]["matrix"] == pytest.approx(1.4 * hyperp["matrix"])
-    assert train(TrainConfig(**BASE, steps=2, lr_scale=1.0))["learning_rates"]["matrix"] == pytest.approx(hyperp["matrix"])
+    assert train(TrainConfig(**BASE, steps=2, lr_scale=1.0))["learning_rates"]["matrix"] == pytest.approx(
+        hyperp["matrix"]
+    )
     cfg = tc.model_config()
     assert run_name(cfg, steps=2) == run_name(cfg, steps=2, lr_scale=1.4) == "steps2_r2_s1"
     assert run_name(cfg, steps=2, lr_scale=1.0) == "steps2_r2_s1_lr1"
+
+
+# ----------------------------------------------------------------------------- the GPU path, simulated on the CPU
+
+def fake_free_memory(monkeypatch, micro: int) -> float:
+    """Make the device report just enough free memory (as CUDA's mem_get_info would) for `micro`
+    rows of BASE's model per forward pass: the trainer then picks its micro-batch from it."""
+    from looped import memory
+    cfg = model_config("tiny", r=2, s=1)
+    free = memory.RESERVE_BYTES + memory.predict_peak(cfg, micro, "fp32")["peak_bytes"] / memory.SAFETY + 1
+    monkeypatch.setattr(memory, "device_free_bytes", lambda device=None: free)
+    assert memory.auto_micro_batch(cfg, 8, free, "fp32") == micro
+    return free
+
+
+def oom_forward(monkeypatch, when) -> list[int]:
+    """LoopedGPT.forward raises torch.OutOfMemoryError on the training calls `when(call, rows)`
+    picks (calls counted from 1); returns the rows of every training call."""
+    from looped.model import LoopedGPT
+    forward, rows_seen = LoopedGPT.forward, []
+
+    def maybe_oom(self, idx, targets=None):
+        if targets is not None and self.training:
+            rows_seen.append(idx.shape[0])
+            if when(len(rows_seen), idx.shape[0]):
+                raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return forward(self, idx, targets)
+    monkeypatch.setattr(LoopedGPT, "forward", maybe_oom)
+    return rows_seen
+
+
+def assert_same_curve(rec, ref, tol=2e-5):
+    """Equal to float rounding: a step at another micro-batch sums its gradient in another order."""
+    assert rec["loss"] == pytest.approx(ref["loss"], abs=5 * tol)
+    for (step, a), (_, b) in zip(rec["train_loss_curve"], ref["train_loss_curve"], strict=True):
+        assert a == pytest.approx(b, abs=tol), step
+
+
+def test_automatic_micro_batch_comes_from_the_free_memory(tiny_data, monkeypatch):
+    fake_free_memory(monkeypatch, 2)
+    rec = train(TrainConfig(**BASE, steps=6))
+    assert rec["micro_batch"] == 2 and rec["micro_batch_history"] == [[0, 2]]
+    fixed = train(TrainConfig(**BASE, steps=6, micro_batch=2))
+    assert rec["train_loss_curve"] == fixed["train_loss_curve"] and rec["loss"] == fixed["loss"]
+
+
+@pytest.mark.parametrize("at_step", [0, 1])
+def test_out_of_memory_halves_the_micro_batch_at_any_step(at_step, tiny_data, tmp_path, monkeypatch):
+    """An automatic micro-batch that does not fit after all, at step 0 or at step 1 (when the
+    optimizer state has arrived), is halved and the step redone: the run ends ok, its record
+    says so, and it trains as a run started at the halved micro-batch."""
+    oom_forward(monkeypatch, lambda call, rows: rows == 8 and call > at_step)  # step k's forward is call k + 1
+    rec = train(TrainConfig(**BASE, steps=12, out=str(tmp_path / "rec.json")))
+    assert rec["status"] == "ok" and rec["micro_batch"] == 4
+    assert rec["micro_batch_history"] == [[0, 8], [at_step, 4]]
+    assert json.loads((tmp_path / "rec.json").read_text())["micro_batch_history"] == rec["micro_batch_history"]
+    ref = train(TrainConfig(**BASE, steps=12, micro_batch=4))
+    assert_same_curve(rec, ref)
+    if at_step == 0:
+        assert rec["train_loss_curve"] == ref["train_loss_curve"]
+
+
+def test_out_of_memory_mid_step_discards_the_partial_gradient(tiny_data, monkeypatch):
+    """At 4 rows a step is two micro-batches; the second one of step 1 runs out of memory after
+    the first has accumulated its gradient, which the redone step must not count again."""
+    fake_free_memory(monkeypatch, 4)
+    oom_forward(monkeypatch, lambda call, rows: rows == 4 and call == 4)
+    rec = train(TrainConfig(**BASE, steps=12))
+    assert rec["status"] == "ok" and rec["micro_batch_history"] == [[0, 4], [1, 2]]
+    assert_same_curve(rec, train(TrainConfig(**BASE, steps=12, micro_batch=2)))
+
+
+def test_a_halved_run_resumes_at_its_halved_micro_batch(tiny_data, tmp_path, monkeypatch):
+    rows_seen = oom_forward(monkeypatch, lambda call, rows: rows == 8 and call > 1)  # 8 rows fit step 0 only
+    tc = dict(**BASE, steps=12, out=str(tmp_path / "rec.json"), checkpoint_every=5)
+    assert train(TrainConfig(**tc, stop_after=7))["status"] == "stopped"
+    before = len(rows_seen)
+    rec = train(TrainConfig(**tc))
+    assert rec["micro_batch_history"] == [[0, 8], [1, 4]] and set(rows_seen[before:]) == {4}
+
+
+def test_out_of_memory_at_a_chosen_micro_batch_fails_the_run(tiny_data, monkeypatch):
+    oom_forward(monkeypatch, lambda call, rows: call == 2)
+    with pytest.raises(torch.OutOfMemoryError):
+        train(TrainConfig(**BASE, steps=4, micro_batch=4))
+
+
+def test_each_run_starts_its_own_peak_memory_count(tiny_data, monkeypatch):
+    """On CUDA a run's recorded peak is its own, not the largest of the sweep so far (simulated
+    CUDA allocator); on the CPU it is the process's peak and the record says so."""
+    from looped import train as trainer
+    allocator = {"now": 0, "peak": 0}
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats",
+                        lambda device=None: allocator.update(peak=allocator["now"]))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: allocator["peak"])
+    cuda, peaks = torch.device("cuda"), []
+    for size in (10e9, 2e9):  # a large run, then a small one, in one process
+        trainer.fresh_device_memory(cuda)
+        allocator["peak"] = max(allocator["peak"], allocator["now"] + size)
+        peaks.append(trainer.peak_memory_bytes(cuda))
+    assert peaks == [(10e9, "run"), (2e9, "run")]
+    starts = []
+    monkeypatch.setattr(trainer, "fresh_device_memory", starts.append)
+    recs = [train(TrainConfig(**BASE, steps=2)) for _ in range(2)]
+    assert len(starts) == 2 and {r["peak_memory_scope"] for r in recs} == {"process"}
+
+
+def test_checkpoint_cadence_defaults_by_device(capsys):
+    from looped.checkpoint import Cadence
+    cpu, gpu = (Cadence.of(TrainConfig(), torch.device(d)) for d in ("cpu", "cuda"))
+    assert (cpu.steps, cpu.seconds) == (25, 0) and (gpu.steps, gpu.seconds) == (0, 600)
+    own = Cadence.of(TrainConfig(checkpoint_every=7, checkpoint_seconds=0), torch.device("cuda"))
+    assert (own.steps, own.seconds) == (7, 0)
+    with pytest.raises(ConfigError, match="must be >= 0"):
+        train(TrainConfig(**BASE, steps=2, checkpoint_seconds=-1))
+    assert train_main(["--preset", "tiny", "--steps", "2", "--checkpoint-seconds", "-1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "must be >= 0" in err
+
+
+def test_time_based_checkpoints_resume_to_the_same_record(baseline, tmp_path, monkeypatch):
+    """Checkpoints every `checkpoint_seconds` of training (a GPU's default): a run stopped between
+    two of them resumes from the last one and ends with the uninterrupted run's record; the time
+    spent saving is recorded on its own."""
+    from looped import checkpoint
+    from looped import train as trainer
+    clock = iter(range(10 ** 6))  # the cadence's clock reads one second later at every look
+    monkeypatch.setattr(checkpoint, "now", lambda: float(next(clock)))
+    saves, save = [], trainer.save_checkpoint
+
+    def slow_save(path, model, optimizers, step, state):
+        saves.append(step)
+        time.sleep(0.05)
+        save(path, model, optimizers, step, state)
+    monkeypatch.setattr(trainer, "save_checkpoint", slow_save)
+    out, ckpt = tmp_path / "rec.json", tmp_path / "ckpt" / "rec.pt"
+    tc = dict(**BASE, steps=STEPS, out=str(out), checkpoint_every=0, checkpoint_seconds=4)
+    assert train(TrainConfig(**tc, stop_after=13)) == {"status": "stopped", "step": 13}
+    assert saves == [4, 8, 12] and torch.load(ckpt, weights_only=False)["step"] == 12
+    rec = train(TrainConfig(**tc))
+    assert rec["loss"] == baseline["loss"] and rec["train_loss_curve"] == baseline["train_loss_curve"]
+    assert rec["checkpoints"] == len(saves) > 3
+    assert rec["checkpoint_save_seconds"] >= 0.05 * (len(saves) - 1)  # less the one the resume began from
+    assert files_under(tmp_path) == ["rec.json"]
+
+
+def test_a_failed_compile_falls_back_to_the_eager_step(tiny_data, monkeypatch, capsys):
+    """Where inductor cannot compile (say, no working C++ compiler) the run trains with the eager
+    reference step: one warning line, `compile: false` and the reason in the record, and the
+    losses of a --no-compile run."""
+    import torch._inductor.exc as inductor_exc
+
+    def uncompilable(model, **kw):
+        def first_call(*args, **kwargs):
+            raise inductor_exc.InductorError(inductor_exc.CppCompileError(["c++", "k.cpp"], "error: no"), None)
+        return first_call
+    monkeypatch.setattr(torch, "compile", uncompilable)
+    rec = train(TrainConfig(**{**BASE, "compile": True}, steps=8))
+    assert rec["status"] == "ok" and rec["compile"] is False
+    assert rec["compile_error"] == "InductorError: CppCompileError: C++ compile error"
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("looped train: warning: torch.compile failed")
+    eager = train(TrainConfig(**BASE, steps=8))
+    assert rec["train_loss_curve"] == eager["train_loss_curve"] and rec["loss"] == eager["loss"]
+
+
+@pytest.mark.slow
+def test_no_cxx_compiler_falls_back_to_the_eager_step(tiny_data, tmp_path, monkeypatch):
+    """The real failure (about 15 s of tracing before inductor finds no compiler)."""
+    import torch._inductor.config as inductor_config
+    monkeypatch.setattr(inductor_config.cpp, "cxx", ("/nonexistent/c++",))
+    monkeypatch.setattr(inductor_config, "fx_graph_cache", False)  # a cached kernel needs no compiler
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    rec = train(TrainConfig(**{**BASE, "compile": True}, steps=3))
+    assert rec["status"] == "ok" and rec["compile"] is False and "C++ compiler" in rec["compile_error"]

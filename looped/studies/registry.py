@@ -61,7 +61,7 @@ class Run:
                                 # gets at this budget (so a truncated run's pair differs only in N_eff)
 
     def train_config(self, **kw):
-        from ..train import TrainConfig
+        from ..options import TrainConfig
         return TrainConfig(preset=self.preset, r=self.r, s=self.s, injection=self.injection, lanes=self.lanes,
                            bptt_k=self.bptt_k, budget=self.budget, steps=self.steps, study=self.study,
                            lr_scale=self.lr_scale, seed=self.seed, batch_tokens=self.batch_tokens,
@@ -102,16 +102,19 @@ GRID_COLUMNS = ("study", "budget_flops", "r", "s", "injection", "bptt_k")
 # + optional lr_scale, seed, batch_tokens, data_order, match_tokens
 
 
-def load_study(name: str, grid: str | Path | None = None, preset: str = "cpu") -> list[Run]:
-    """The runs of a named study; or, with `grid` (a CSV with GRID_COLUMNS), the rows of that
-    file whose study column is `name`, trained with `preset`."""
+def load_study(name: str, grid: str | Path | None = None, preset: str | None = None) -> list[Run]:
+    """The runs of a named study, trained with its own preset; or, with `grid` (a CSV with
+    GRID_COLUMNS), the rows of that file whose study column is `name`, trained with `preset`
+    (default cpu).  Every run carries the preset resolved here."""
     if grid is None:
         if name not in STUDIES:
             raise SweepError(f"unknown study {name!r}; choose from {', '.join(STUDIES)}")
-        key, column_value, preset = STUDIES[name]
-        grid = GRID_FILES[key]
+        key, column_value, own = STUDIES[name]
+        if preset not in (None, own):
+            raise SweepError(f"study {name} trains with preset {own!r}; --preset {preset} applies to --grid runs")
+        grid, preset = GRID_FILES[key], own
     else:
-        column_value = name
+        column_value, preset = name, preset or "cpu"
         get_preset(preset)  # ConfigError for an unknown preset
     try:
         table = pd.read_csv(grid)

@@ -1,9 +1,10 @@
 """A sweep runner that survives being killed, its SLURM script and its dry run.
 
-A sweep runs a named study (`looped.studies.registry`) and writes one JSON record per run into its folder.  Restarting skips finished records (ok or
-diverged), resumes an interrupted run from its checkpoint and retries failed ones; records and
-checkpoints are written atomically, so a kill at any moment costs at most one checkpoint
-interval of one run.
+A sweep runs a named study (`looped.studies.registry`) and writes one JSON record per run into
+its folder.  Restarting skips finished records (ok or diverged), resumes an interrupted run from
+its checkpoint and retries failed ones; records and checkpoints are written atomically, so a kill
+at any moment costs at most one checkpoint interval of one run.  The training options it passes
+on to every run are TrainConfig's (looped.options), flags and SLURM script alike.
 """
 from __future__ import annotations
 
@@ -16,24 +17,28 @@ from pathlib import Path
 
 import pandas as pd
 
+from .. import memory
 from ..config import REPO, ConfigError, get_preset
 from ..io import atomic_write_json
 from ..memory import GPU_SPECS
+from ..options import TrainConfig, add_options, given_options, option_argv
 from ..records import RecordError, read_records, record_status, run_state
 from .estimate import DEFAULT_GPU, DEFAULT_GPU_MFU, cpu_estimate, detect_gpu, gpu_plan
 from .registry import GRID_COLUMNS, STUDIES, Run, SweepError, load_study
 
 
-def sweep(study: str, out: str | Path, shard: tuple[int, int] = (0, 1), checkpoint_every: int = 25,
-          quiet: bool = True, log=print, grid: str | Path | None = None, preset: str = "cpu",
-          budgets=None, sizes=None, **train_kw) -> pd.DataFrame:
+def sweep(study: str, out: str | Path, shard: tuple[int, int] = (0, 1), checkpoint_every: int | None = None,
+          quiet: bool = True, log=print, grid: str | Path | None = None, preset: str | None = None,
+          budgets=None, sizes=None, runs: list[Run] | None = None, **train_kw) -> pd.DataFrame:
     """Run what is not yet done; never stop the sweep for one bad run.
 
-    `grid`/`preset` run an ad-hoc grid file instead of a named study (see load_study);
-    `budgets`/`sizes` restrict the study to those budgets and widths s (None: all)."""
+    `runs` are the study's runs as the caller resolved them (study, grid and preset, once);
+    without them `grid`/`preset` run an ad-hoc grid file instead of a named study (see
+    load_study).  `budgets`/`sizes` restrict the study to those budgets and widths s (None: all);
+    `checkpoint_every` and `train_kw` are TrainConfig options (None: the trainer's defaults)."""
     from ..train import train  # torch only when training
     out = Path(out)
-    runs = [run for run in load_study(study, grid, preset)
+    runs = [run for run in (runs if runs is not None else load_study(study, grid, preset))
             if (budgets is None or any(abs(run.budget / b - 1) < 1e-6 for b in budgets))
             and (sizes is None or run.s in sizes)]
     index, count = shard
@@ -141,7 +146,8 @@ def adopt_records(runs: list[Run], out: str | Path, sources) -> list[str]:
 
 
 def runs_main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="looped runs", description="A study's runs table; --csv exports it for `looped fit`.")
+    ap = argparse.ArgumentParser(prog="looped runs",
+                                 description="A study's runs table; --csv exports it for `looped fit`.")
     ap.add_argument("folders", nargs="+")
     ap.add_argument("--csv", default=None, help="write the table (all folders together) to this CSV")
     a = ap.parse_args(argv)
@@ -210,22 +216,17 @@ def main(argv=None) -> int:
     ap.add_argument("study", help="a named study (" + ", ".join(STUDIES) + "), or the study column value "
                                   "of the --grid file")
     ap.add_argument("--grid", default=None, help="CSV of runs to use instead of the named studies' grids")
-    ap.add_argument("--preset", default="cpu", help="model/data preset of the --grid runs (default cpu)")
+    ap.add_argument("--preset", default=None, help="model/data preset of the --grid runs (default cpu; a named "
+                                                   "study has its own)")
     ap.add_argument("--out", default=None, help="folder of run records (default runs/STUDY)")
     ap.add_argument("--shard", default="0/1", help="i/n: run every n-th run starting at i")
-    ap.add_argument("--checkpoint-every", type=int, default=25)
     ap.add_argument("--budgets", default=None, help="comma list: run only these budgets (e.g. 3e12,1e13)")
     ap.add_argument("--verbose", action="store_true", help="progress bar per run")
     ap.add_argument("--reuse", nargs="+", default=None, metavar="DIR",
                     help="first copy finished records of identical runs from these folders (e.g. the "
                          "pilot's) instead of training them again; the copies say where they came from")
-    t = ap.add_argument_group("training (passed to every run)")
-    t.add_argument("--micro-batch", type=int, default=None,
-                   help="rows per forward pass per process (default: automatic from the device's memory)")
-    t.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                   help="torch.compile the step (the trainer's default) or run it eager (--no-compile)")
-    t.add_argument("--peak-flops", type=float, default=None,
-                   help="MFU denominator in FLOP/s (default: the trainer's, a known GPU's spec or a measurement)")
+    add_options(ap.add_argument_group("training (passed to every run, as `looped train` takes them)"),
+                passthrough=True)
     d = ap.add_argument_group("--dry-run estimates")
     d.add_argument("--dry-run", action="store_true",
                    help="list the runs with size, micro-batch, predicted memory and a time estimate")
@@ -236,7 +237,8 @@ def main(argv=None) -> int:
                    help="estimate for this GPU (default: the visible one, else H200 for the paper-architecture "
                         "studies; CPU presets without --gpu get the CPU estimate)")
     d.add_argument("--device-memory", type=float, default=None,
-                   help="bytes per GPU for the automatic micro-batch (default: the visible GPU's, else --gpu's)")
+                   help="bytes per GPU for the automatic micro-batch (default: the visible GPU's free memory, "
+                        "which the trainer picks it from; else --gpu's)")
     d.add_argument("--gpus", type=int, default=1, help="data-parallel GPUs per run (torchrun)")
     d.add_argument("--timing-from", nargs="+", default=None, metavar="DIR",
                    help="CPU estimate: fit the wall-time model to the finished runs in these folders "
@@ -257,6 +259,7 @@ def main(argv=None) -> int:
     sl.add_argument("--sbatch", action="append", default=[], metavar="OPTION",
                     help="an extra #SBATCH line, e.g. --sbatch=--constraint=h100 (repeatable)")
     sl.add_argument("--submit", action="store_true", help="pass the script to sbatch")
+    memory.prefer_expandable_segments()  # before torch is imported: CUDA's allocator reads it once
     a = ap.parse_args(argv)
     try:
         i, n = (int(x) for x in a.shard.split("/"))
@@ -271,14 +274,14 @@ def main(argv=None) -> int:
         print(f"looped sweep: error: --budgets must be a comma list of numbers, got {a.budgets!r}", file=sys.stderr)
         return 2
     out = Path(a.out or REPO / "runs" / a.study)
-    train_kw = {k: v for k, v in (("micro_batch", a.micro_batch), ("compile", a.compile),
-                                  ("peak_flops", a.peak_flops)) if v is not None}
+    train_kw = given_options(a, passthrough=True)
     try:
-        runs = load_study(a.study, a.grid, a.preset)
+        runs = load_study(a.study, a.grid, a.preset)  # the study, grid and preset, resolved once
+        TrainConfig(**train_kw)  # bad options fail here, once, not in every run
         if a.slurm is not None:
-            return _write_slurm(a, out)
+            return _write_slurm(a, runs, out, train_kw)
         if a.dry_run:
-            return _dry_run(a, runs, out, i, n)
+            return _dry_run(a, runs, out, i, n, train_kw.get("micro_batch"))
         if a.reuse:
             missing = [d for d in a.reuse if not Path(d).is_dir()]
             if missing:
@@ -286,8 +289,7 @@ def main(argv=None) -> int:
             adopted = adopt_records([run for run in runs if budgets is None or any(
                 abs(run.budget / b - 1) < 1e-6 for b in budgets)], out, a.reuse)
             print(f"{a.study}: adopted {len(adopted)} finished run(s) from {', '.join(a.reuse)}")
-        table = sweep(a.study, out, (i, n), a.checkpoint_every, quiet=not a.verbose, grid=a.grid,
-                      preset=a.preset, budgets=budgets, **train_kw)
+        table = sweep(a.study, out, (i, n), quiet=not a.verbose, runs=runs, budgets=budgets, **train_kw)
     except (SweepError, RecordError, ConfigError) as e:
         print(f"looped sweep: error: {e}", file=sys.stderr)
         return 2
@@ -295,17 +297,12 @@ def main(argv=None) -> int:
     return 0
 
 
-def _write_slurm(a, out: Path) -> int:
+def _write_slurm(a, runs: list[Run], out: Path, train_kw: dict) -> int:
     import subprocess
-    args = ["--out", str(out.resolve()), "--checkpoint-every", str(a.checkpoint_every)]
+    args = ["--out", str(out.resolve())]
     if a.grid:
-        args += ["--grid", str(Path(a.grid).resolve()), "--preset", a.preset]
-    if a.micro_batch is not None:
-        args += ["--micro-batch", str(a.micro_batch)]
-    if a.compile is not None:
-        args.append("--compile" if a.compile else "--no-compile")
-    if a.peak_flops is not None:
-        args += ["--peak-flops", repr(a.peak_flops)]
+        args += ["--grid", str(Path(a.grid).resolve()), "--preset", runs[0].preset]
+    args += option_argv(train_kw)
     if a.verbose:
         args.append("--verbose")
     path = Path(a.slurm_script or REPO / "slurm" / f"{a.study}.sbatch")
@@ -328,7 +325,7 @@ def _write_slurm(a, out: Path) -> int:
     return done.returncode
 
 
-def _dry_run(a, runs: list[Run], out: Path, i: int, n: int) -> int:
+def _dry_run(a, runs: list[Run], out: Path, i: int, n: int, micro_batch: int | None) -> int:
     import torch
     mine = [r for k, r in enumerate(runs) if k % n == i]
     detected = detect_gpu()
@@ -338,7 +335,8 @@ def _dry_run(a, runs: list[Run], out: Path, i: int, n: int) -> int:
             label, (peak, memory_bytes) = a.gpu, GPU_SPECS[a.gpu]
             source = f"{a.gpu} spec"
         elif detected is not None:
-            label, peak, memory_bytes = detected
+            label, peak, _total = detected
+            memory_bytes = memory.device_free_bytes()  # what is free, as the trainer sees it
             source = "the visible GPU"
             if peak != peak:  # unknown part: measure a large GEMM
                 from ..train import matmul_peak
@@ -348,7 +346,7 @@ def _dry_run(a, runs: list[Run], out: Path, i: int, n: int) -> int:
             source = f"no GPU visible: {DEFAULT_GPU} assumed"
         mem = a.device_memory or memory_bytes
         mfu = a.mfu if a.mfu is not None else DEFAULT_GPU_MFU
-        table = gpu_plan(mine, peak, mfu, mem, a.gpus, a.micro_batch)
+        table = gpu_plan(mine, peak, mfu, mem, a.gpus, micro_batch)
         table["done"] = [run_state(out, rid) for rid in table.run_id]
         cols = ["run_id", "budget", "r", "s", "injection", "bptt_k", "d_model", "n", "tokens", "steps",
                 "micro_batch", "mem_GB", "gpu_hours", "done"]
@@ -356,10 +354,11 @@ def _dry_run(a, runs: list[Run], out: Path, i: int, n: int) -> int:
             print(table[cols].to_string(index=False, float_format="%.4g"))
         todo = table[~table.done.isin(["ok", "diverged"])]
         hours = todo.gpu_hours.sum()
-        print(f"\n{len(table)} runs ({len(todo)} to do), {table.flops_per_token.astype(float).mul(table.tokens.astype(float)).sum():.3g} FLOPs; "
+        flops = table.flops_per_token.astype(float).mul(table.tokens.astype(float)).sum()
+        print(f"\n{len(table)} runs ({len(todo)} to do), {flops:.3g} FLOPs; "
               f"ESTIMATE {hours:.1f} GPU-hours left ({hours / a.gpus:.1f} h wall on {a.gpus} GPU(s)) on {label} "
               f"at an assumed {mfu:.0%} MFU of {peak / 1e12:.0f} TFLOP/s dense bf16 ({source}); micro-batch "
-              f"{'fixed' if a.micro_batch else 'automatic'} for {mem / 1e9:.0f} GB per GPU "
+              f"{'fixed' if micro_batch else 'automatic'} for {mem / 1e9:.0f} GB per GPU "
               f"(peak memory predicted by looped.memory, eager bf16)")
         return 0
     from ..train import matmul_peak
