@@ -99,7 +99,7 @@ def test_verdict_sizes_the_residuals_and_reads_per_r_fits_by_their_quality():
 
 
 def test_verdict_without_a_fit():
-    assert prose.joint_fit_verdict(None, {}, _runs()).startswith("No CPU fit is shown yet")
+    assert prose.joint_fit_verdict(None, {}, _runs()).startswith("No fit of our CPU study is shown yet")
 
 
 def test_phi_estimates_pairs_the_papers_rows_with_ours():

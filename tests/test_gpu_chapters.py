@@ -37,8 +37,22 @@ def texts(nb: dict):
 @pytest.fixture(scope="module")
 def gpu_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
-    write_law_records("gpu-main", root / "gpu-main", noise=0.01, seed=0)
+    for i, study in enumerate(("gpu-main", "gpu-truncated", "gpu-hyper")):
+        write_law_records(study, root / study, noise=0.01, seed=i)
     return root
+
+
+def glued(nb: dict, name: str):
+    """A value the chapter glued (myst-nb keeps it as an output with the glue name in its metadata)."""
+    for cell in nb["cells"]:
+        for o in cell.get("outputs", []):
+            if o.get("metadata", {}).get("scrapbook", {}).get("name") == name:
+                data = o["data"]
+                return next(v for k, v in data.items() if k.endswith("text/plain"))
+    raise KeyError(name)
+
+
+QUICK = {"restarts": 60, "bootstrap": 20}  # the chapters' fits, reduced to CI's time
 
 
 def test_sweep_chapter_runs_on_the_one_gpu_study(gpu_runs, tmp_path):
@@ -47,3 +61,22 @@ def test_sweep_chapter_runs_on_the_one_gpu_study(gpu_runs, tmp_path):
     assert "the one-GPU study `gpu-main`" in said
     assert not CPU_WORDS.search(said), CPU_WORDS.search(said)
     assert "gpu-main: ok 68" in said
+
+
+def test_fit_chapter_recovers_the_law_that_made_the_runs(gpu_runs, tmp_path):
+    nb = run_chapter("04_fit", tmp_path / "04.ipynb", runs_dirs=[str(gpu_runs / "gpu-main")], **QUICK)
+    said = "\n".join(texts(nb))
+    assert not CPU_WORDS.search(said), CPU_WORDS.search(said)
+    assert "the one-GPU study `gpu-main`" in said
+    phi, lo, hi = (float(glued(nb, k)) for k in ("cpu_phi", "cpu_phi_lo", "cpu_phi_hi"))
+    assert lo <= 0.459 <= hi and abs(phi - 0.459) < 0.05, (phi, lo, hi)  # the paper's law made these runs
+
+
+@pytest.mark.parametrize("chapter, study", [("05_truncation", "gpu-truncated"), ("06_hyperconnections", "gpu-hyper")])
+def test_case_study_chapters_run_on_the_one_gpu_studies(gpu_runs, tmp_path, chapter, study):
+    extra = {"truncated_runs": str(gpu_runs / "gpu-truncated")} if study == "gpu-hyper" else {}
+    nb = run_chapter(chapter, tmp_path / f"{chapter}.ipynb", main_runs=str(gpu_runs / "gpu-main"),
+                     study_runs=str(gpu_runs / study), study=study, **extra, **QUICK)
+    said = "\n".join(texts(nb))
+    assert not CPU_WORDS.search(said), CPU_WORDS.search(said)
+    assert f"the one-GPU study `{study}`" in said  # the verdict names the study it read

@@ -61,8 +61,9 @@ def build(md: Path) -> Path:
     nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
     nbformat.write(nb, ipynb)
     print(f"[notebooks] executing {ipynb.relative_to(ROOT)}", flush=True)
-    # the chapter's tolerance-checked numbers become its new references (looped.report.checks.checked)
-    os.environ["LOOPED_RECORD_CHECKS"] = "1"
+    # the chapter's tolerance-checked numbers become its new references (looped.report.checks.checked),
+    # unless LOOPED_RECORD_CHECKS=0: then the outputs are regenerated against the recorded references
+    os.environ.setdefault("LOOPED_RECORD_CHECKS", "1")
     t0 = time.monotonic()
     pm.execute_notebook(str(ipynb), str(ipynb), cwd=str(BOOK), kernel_name="python3",
                         progress_bar=False, log_output=False)

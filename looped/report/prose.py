@@ -8,6 +8,7 @@ from ..config import R_VALUES
 from ..studies.analysis import gap_side
 from ..studies.case_studies import CELL_NOISE, CaseStudy, token_gain
 from .palette import _SYMBOLS as _SYMBOL
+from .study_text import study_label
 
 
 def residual_pattern(cells: "pd.DataFrame") -> str:
@@ -24,7 +25,7 @@ def residual_pattern(cells: "pd.DataFrame") -> str:
 
 
 def joint_fit_verdict(joint, restricted: dict, runs, per_r: dict | None = None, gaps=None, paper_gaps=None,
-                      halves: dict | None = None) -> str:
+                      halves: dict | None = None, label: str = "our CPU study") -> str:
     """The paragraph (Markdown) that reads a joint fit of our runs beside the paper's.
 
     Written from the numbers rather than typed into the chapter, so it stays true when the
@@ -43,8 +44,8 @@ def joint_fit_verdict(joint, restricted: dict, runs, per_r: dict | None = None, 
     from ..law import residuals
     from ..studies.paper import PAPER_PHI, PAPER_PHI_CI, paper_fits, paper_table
     if joint is None:
-        return ("No CPU fit is shown yet: the sweep folder holds too few finished runs.  Rerun the chapter "
-                "(`make notebooks CHAPTERS=04_fit`) once `looped sweep cpu-main` has finished.")
+        return (f"No fit of {label} is shown yet: the sweep folder holds too few finished runs.  Rerun the "
+                "chapter once its sweep (`looped sweep STUDY`) has finished.")
     paper = paper_fits()
     p_r2 = {k: float(paper.loc[k, "r2"]) for k in ("phi_free", "phi_fixed_0", "phi_fixed_1")}
     p_res = paper_table("joint_fit_residuals")
@@ -60,9 +61,10 @@ def joint_fit_verdict(joint, restricted: dict, runs, per_r: dict | None = None, 
     zero = "excludes φ = 0" if lo > 0 else "does not exclude φ = 0"
     one = "excludes φ = 1" if hi < 1 else "does not exclude φ = 1"
     r2f, r20, r21 = joint.r2, restricted[0.0].r2, restricted[1.0].r2
-    text = (f"On our {joint.n_runs} CPU runs the joint fit gives **φ = {joint.phi:.3f}** with a 95% block-bootstrap "
-            f"interval of [{lo:.3f}, {hi:.3f}] (width {hi - lo:.2f}; the paper's is {phi_ - plo:.2f} wide).  The "
-            f"interval {where}, {overlap} the paper's [{plo}, {phi_}], {zero} and {one}.  ")
+    text = (f"On the {joint.n_runs} runs of {label} the joint fit gives **φ = {joint.phi:.3f}** with a 95% "
+            f"block-bootstrap interval of [{lo:.3f}, {hi:.3f}] (width {hi - lo:.2f}; the paper's is "
+            f"{phi_ - plo:.2f} wide).  The interval {where}, {overlap} the paper's [{plo}, {phi_}], {zero} "
+            f"and {one}.  ")
     worse = [(name, r2f - r2) for name, r2 in (("φ = 0", r20), ("φ = 1", r21))]
     text += f"The free fit reaches R² = {r2f:.4f} (paper: {p_r2['phi_free']:.4f}); "
     text += "; ".join(f"fixing {name} costs {d:.4f} of R²" if d >= 0 else
@@ -257,7 +259,8 @@ def verdict(cs: CaseStudy, paper_delta: float, study: str = "") -> str:
     else:
         certainty = (f"The paired bootstrap interval, [{ci[0]:+.3f}, {ci[1]:+.3f}], contains zero: our "
                      "runs do not resolve the direction.")
-    text = (f"On our CPU study the {cs.name} refit gives a {'lower' if d < 0 else 'higher'} φ than the baseline, "
+    where = study_label(study) if study else "our runs"
+    text = (f"On {where} the {cs.name} refit gives a {'lower' if d < 0 else 'higher'} φ than the baseline, "
             f"by {abs(d):.3f}; this {agrees} the paper's direction ({paper_delta:+.3f}).  {certainty}")
     (b_lo, b_hi), (v_lo, v_hi) = (res.ci.get("phi", (float("nan"),) * 2) for res in (cs.baseline, cs.variant))
     if (v_hi - v_lo) > 2 * (b_hi - b_lo):   # False when either interval is missing (nan)

@@ -26,12 +26,15 @@ STUDIES = {
     "cpu-hyper": ("prose", "hyperconnections", "prose"),
     "cpu-smoke": ("cpu", "smoke", "cpu"),
     "gpu-main": ("gpu", "main", "paper"),
+    # one GPU's case studies: the paper's protocol on gpu-main's two lower budgets
+    "gpu-truncated": ("gpu", "truncated_bptt", "paper"),
+    "gpu-hyper": ("gpu", "hyperconnections", "paper"),
     "prose-pilot": ("prose", "pilot", "prose"),
     "prose-lr": ("prose", "lr", "prose"),
     "prose-seeds": ("prose", "seeds", "prose"),
     "prose-batch": ("prose", "batch", "prose"),
-    # Issue 25's runs: r = 1 controls for the case studies, truncated runs at their pair's token
-    # count, seeds 43/44 (with their own data order) in every arm, and a fifth main budget.
+    # Identification and noise: r = 1 controls for the case studies, truncated runs at their
+    # pair's token count, seeds 43/44 (each with its own data order) in every arm, a fifth budget.
     "cpu-controls": ("prose", "controls", "prose"),
     "cpu-matched": ("prose", "truncated_matched", "prose"),
     "cpu-replicates": ("prose", "replicates", "prose"),
