@@ -1,5 +1,6 @@
 """The forest plot of every phi and the N_eff collapse figure, on small synthetic inputs."""
 import math
+from pathlib import Path
 
 import matplotlib
 import numpy as np
@@ -121,3 +122,17 @@ def test_neff_collapse_given_axes_and_bad_input():
     with pytest.raises(ValueError, match="need 3 axes"):
         figures.plot_neff_collapse(runs, _law(0.5), axes=axes)
     plt.close("all")
+
+
+def test_loss_curves_draw_one_budgets_runs_per_r():
+    import matplotlib.pyplot as plt
+
+    from looped import records
+    from looped.report import figures
+    recs = [rec for _, rec in records.iter_records(Path(__file__).resolve().parents[1] / "runs" / "cpu-main") if rec]
+    fig, axes = plt.subplots(2, 2)
+    figures.plot_loss_curves(recs, 2.5e12, axes)
+    per_panel = [len(ax.lines) for ax in axes.ravel()]
+    assert per_panel == [4, 4, 4, 4]   # the four widths of each (2.5e12, r) cell
+    assert all(ax.get_xscale() == "log" and ax.get_yscale() == "log" for ax in axes.ravel())
+    plt.close(fig)

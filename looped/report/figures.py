@@ -304,3 +304,43 @@ def plot_case_study_isoflop(axes, baseline_runs, variant_runs, label: str, r_val
     else:
         axes[-1].legend(handles, labels, fontsize=LEGEND_FONTSIZE, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     return axes
+
+
+def plot_loss_curves(records, budget: float, axes=None, smooth: int = 5):
+    """Training-loss curves of one budget's finished runs (`records`: run-record dicts): one panel
+    per r, one colour per width (light: narrow, dark: wide), loss against tokens seen, log-log,
+    each curve a moving average over `smooth` logged points (single batches are noisy)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    runs = [rec for rec in records if rec.get("status") == "ok" and rec.get("train_loss_curve")
+            and rec.get("budget") and abs(rec["budget"] / budget - 1) < 1e-6]
+    r_values = sorted({int(rec["r"]) for rec in runs}) or list(R_VALUES)
+    if axes is None:
+        _, axes = plt.subplots(2, 2, figsize=(9, 7.2), sharex=True, sharey=True)
+    axes = np.atleast_1d(axes).ravel()
+    widths = sorted({float(rec["s"]) for rec in runs})
+    cmap = plt.get_cmap("viridis_r")
+    color = {s: cmap(0.15 + 0.7 * i / max(1, len(widths) - 1)) for i, s in enumerate(widths)}
+    for ax, r in zip(axes, r_values):
+        for rec in sorted((x for x in runs if int(x["r"]) == r), key=lambda x: x["s"]):
+            steps, loss = np.array(rec["train_loss_curve"], float).T
+            keep = steps > 0   # step 0 is the untrained model: no tokens seen yet
+            steps, loss = steps[keep], loss[keep]
+            if smooth > 1 and len(loss) > smooth:
+                loss = np.convolve(loss, np.ones(smooth) / smooth, mode="valid")
+                steps = steps[smooth // 2: smooth // 2 + len(loss)]
+            ax.plot(steps * rec["batch_tokens"], loss, color=color[float(rec["s"])], lw=1.3)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        plain_log_axis(ax.xaxis)
+        plain_log_axis(ax.yaxis)
+        ax.set_title(f"r = {r}")
+        ax.grid(alpha=0.3, which="both")
+    for ax in axes[len(axes) // 2:]:
+        ax.set_xlabel("training tokens seen")
+    for ax in axes[::2]:
+        ax.set_ylabel("training loss (nats)")
+    handles = [Line2D([], [], color=color[s], lw=2, label=f"s = {s:g}") for s in widths]
+    axes[0].figure.legend(handles=handles, loc="lower center", ncol=min(6, len(handles)) or 1,
+                          fontsize=LEGEND_FONTSIZE + 1, frameon=False)
+    return axes
