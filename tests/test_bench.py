@@ -63,3 +63,15 @@ def test_bench_profile_bad_input_is_one_line(capsys):
     assert bench.main(["profile", "--preset", "tiny", "--s", "1", "--r", "3", "--path", "eager"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("looped bench profile: error:") and "must divide" in err and "\n" not in err
+
+
+def test_bench_train_takes_the_trainers_micro_batch(monkeypatch):
+    """Without --micro-batch the benchmark splits each step as the trainer would (on a GPU the
+    memory model's choice for the free memory), instead of the whole batch at once."""
+    from looped import train
+    from looped.studies import bench
+    chosen = []
+    monkeypatch.setattr(train, "first_micro_batch", lambda cfg, rows, device: chosen.append(rows) or rows // 2)
+    rows, _ = bench.measure_train("tiny", sizes=(1,), r_values=(2,), steps=1, warmup=1, paths=("eager",),
+                                  peak_flops=1e9)
+    assert chosen and rows[0]["micro_batch"] == chosen[0] // 2

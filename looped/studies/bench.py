@@ -24,7 +24,7 @@ PATHS = ("eager", "fast")
 
 
 def measure_train(preset: str = "cpu", sizes=(6, 32, 64), r_values=(1, 4), steps: int = 5,
-                  peak_size: int = 1024, paths=PATHS, warmup: int = 2, micro_batch: int | None = None,
+                  peak_size: int | None = None, paths=PATHS, warmup: int = 2, micro_batch: int | None = None,
                   peak_flops: float | None = None):
     """Time real training steps (forward, backward, MuonH + AdamW) on random tokens.
 
@@ -33,15 +33,16 @@ def measure_train(preset: str = "cpu", sizes=(6, 32, 64), r_values=(1, 4), steps
     model compiled by `train.fast_model`, MuonH batched by shape, foreach AdamW).  Both start
     from the same weights and tokens.  `warmup` untimed steps come first (the fast path's
     first one compiles; its duration is reported as `warmup_s`).  `micro_batch` splits each
-    step's rows into gradient-accumulation micro-batches as the trainer does; `peak_flops` is
-    the MFU denominator (default: measured here).
+    step's rows into gradient-accumulation micro-batches (default: as the trainer chooses, the
+    memory model's micro-batch on a GPU, the whole step on the CPU); `peak_flops` is the MFU
+    denominator (default: measured here, a bf16 8192^3 GEMM on a GPU, fp32 1024^3 on the CPU).
 
     Returns (rows, peak): one dict per (s, r, path) with ms/step, tokens/s, the model FLOP/s the
     accounting credits and MFU against `peak`, a square-matmul FLOP/s measured in this process.
     """
     import torch
 
-    from ..train import matmul_peak
+    from ..train import first_micro_batch, matmul_peak
 
     unknown = set(paths) - set(PATHS)
     if unknown:
@@ -50,15 +51,16 @@ def measure_train(preset: str = "cpu", sizes=(6, 32, 64), r_values=(1, 4), steps
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     p = get_preset(preset)
     configs = [model_config(p, r=int(r), s=float(s)) for s in sizes for r in r_values]
+    peak_size = peak_size or (8192 if device.type == "cuda" else 1024)  # a GPU needs a large GEMM to fill it
     peak = peak_flops or matmul_peak(device, dtype, peak_size, seconds=1.0)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     B = p.batch_tokens // p.seq_len
-    micro = micro_batch or B
-    if micro < 1 or B % micro:
-        raise ValueError(f"{B} rows per step do not split into micro-batches of {micro}")
+    if micro_batch is not None and (micro_batch < 1 or B % micro_batch):
+        raise ValueError(f"{B} rows per step do not split into micro-batches of {micro_batch}")
     rows = []
     for cfg in configs:
         f = accounting.flops_per_token(cfg)
+        micro = micro_batch or first_micro_batch(cfg, B, device)
         for path in paths:
             step = training_step(cfg, p, path == "fast", device, micro)
             t0 = time.perf_counter()
@@ -75,7 +77,7 @@ def measure_train(preset: str = "cpu", sizes=(6, 32, 64), r_values=(1, 4), steps
             rows.append({"s": cfg.s, "r": cfg.r, "d_model": cfg.d_model, "path": path,
                          "n": accounting.n_params(cfg), "flops_per_token": f, "ms_per_step": seconds * 1e3,
                          "tokens_per_s": tok_s, "gflops_per_s": tok_s * f / 1e9, "mfu": tok_s * f / peak,
-                         "warmup_s": warm})
+                         "warmup_s": warm, "micro_batch": micro})
     return rows, peak
 
 
@@ -168,13 +170,15 @@ def bench_train(argv) -> int:
     ap.add_argument("--steps", type=int, default=10, help="timed steps per (s, r, path)")
     ap.add_argument("--paths", default="eager,fast", help="eager, fast or both")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    ap.add_argument("--peak-size", type=int, default=1024, help="square matmul size for the peak")
+    ap.add_argument("--peak-size", type=int, default=None,
+                    help="square matmul size for the peak (default: 8192 on a GPU, 1024 on the CPU)")
     ap.add_argument("--peak-flops", type=float, default=None, help="MFU denominator in FLOP/s (default: measured)")
     ap.add_argument("--micro-batch", type=int, default=None, help="rows per forward pass (default: the whole batch)")
     ap.add_argument("--json", default=None, help="also write the rows and the peak to this file")
     a = ap.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
+    a.peak_size = a.peak_size or (8192 if torch.cuda.is_available() else 1024)
     try:
         rows, peak = measure_train(a.preset, [float(s) for s in a.sizes.split(",")],
                                    [int(r) for r in a.r.split(",")], a.steps, a.peak_size,
