@@ -55,7 +55,7 @@ def test_verdict_phi_inside_the_papers_interval():
 def test_verdict_phi_outside_and_restrictions_for_free():
     restricted = {0.0: _fit(0.0, r2=0.95), 1.0: _fit(1.0, r2=0.995)}
     text = prose.joint_fit_verdict(_fit(0.96, 0.76, 1.14), restricted, _runs())
-    assert "lies entirely above the paper's 0.459" in text and "does not overlap" in text
+    assert "lies entirely above the paper's 0.459" in text and "lies entirely above the paper's [0.41, 0.53]" in text
     assert "does not exclude φ = 1" in text
     assert "fixing φ = 1 even raises R² by 0.0050" in text
     assert "Holding φ = 1 hardly changes how well the law fits" in text

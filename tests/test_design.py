@@ -211,12 +211,12 @@ def test_beside_the_paper_reads_overlap_and_the_box_edge():
                          ci={"phi": (lo, hi)})
 
     assert prose.beside_the_paper(joint(0.66, 0.60, 0.75)).endswith(
-        "ours lies entirely above the paper's, by 0.070 at the closest ends."
+        "the interval lies entirely above the paper's [0.41, 0.53], by 0.070 at the closest ends."
     )
     assert prose.beside_the_paper(joint(0.30, 0.20, 0.35)).endswith("by 0.060 at the closest ends.")
-    assert "the two intervals overlap." in prose.beside_the_paper(joint(0.5, 0.45, 0.6))
+    assert "the interval overlaps the paper's [0.41, 0.53]." in prose.beside_the_paper(joint(0.5, 0.45, 0.6))
     edge = prose.beside_the_paper(joint(0.66, -3.0, 0.83))
-    assert "the two intervals overlap." in edge and "edge of the fit's search box (φ = -3):" in edge
+    assert "the interval overlaps the paper's" in edge and "edge of the fit's search box (φ = -3):" in edge
     boot = joint(0.66, -3.0, 0.83)
     boot.boot_samples = np.array([[0, 0, 0, 0, 0, v] for v in (-3.0, -3.0, 0.5, 0.7)])
     assert "(φ = -3) (2 of 4 resamples end there):" in prose.beside_the_paper(boot)

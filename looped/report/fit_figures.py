@@ -5,14 +5,20 @@ through `looped.report.figures`, which re-exports them.
 """
 from __future__ import annotations
 
+import numpy as np
+import pandas as pd
+
+from ..accounting import n_effective
+from ..law import as_law, compute_optimal, effective_size_vs_phi, frontier_gaps, predict, residuals
+from ..solver import HI, LAW_PARAMS, LO
 from ..studies.paper import PAPER_PHI, PAPER_PHI_CI
+from ..studies.phi_fits import rmse_at_phi
 from .palette import _SYMBOLS, LEGEND_FONTSIZE, OURS_COLOR, PAPER_COLOR, budget_markers, plain_log_axis, r_color
 from .tables import power_of_ten
 
 
 def _scatter_by_r_and_budget(ax, runs, x, y, marks):
     """One point per run: colour is r, marker is the budget; plus legend-only handles."""
-    import numpy as np
     for r in sorted(runs["r"].unique()):
         for b, m in marks.items():
             sel = (runs["r"].to_numpy() == r) & np.isclose(runs["budget"].to_numpy(float), b)
@@ -28,9 +34,7 @@ def _scatter_by_r_and_budget(ax, runs, x, y, marks):
 def plot_residuals(ax, res, runs, title: str | None = None):
     """Residuals of a fitted law against unique non-embedding parameters N (log axis): colour is
     r, marker is the training budget; the grey band is +-1 RMSE of all runs."""
-    import numpy as np
 
-    from ..law import residuals
     resid = residuals(res, runs)
     n = (runs["n_once"] + runs["n_rec"]).to_numpy(float)
     marks = budget_markers(runs["budget"])
@@ -50,7 +54,6 @@ def plot_residuals(ax, res, runs, title: str | None = None):
 def plot_predicted_vs_observed(ax, res, runs, title: str | None = None):
     """Observed final loss against the fitted law's prediction for every run (colour r, marker
     budget), with the identity line."""
-    from ..law import predict
     pred = predict(res, runs["n_once"], runs["n_rec"], runs["r"], runs["tokens"])
     obs = runs["loss"].to_numpy(float)
     marks = budget_markers(runs["budget"])
@@ -72,9 +75,7 @@ def plot_predicted_vs_observed(ax, res, runs, title: str | None = None):
 def plot_bootstrap(ax, res, param: str = "phi", paper=None, label: str = "ours"):
     """Histogram of the bootstrap resamples of one parameter, with the point estimate and the
     2.5/97.5 percentile band; ``paper`` = (value, lo, hi) adds the published estimate and interval."""
-    import numpy as np
 
-    from ..solver import LAW_PARAMS
     samples = np.asarray(res.boot_samples)[:, LAW_PARAMS.index(param)]
     lo, hi = res.ci[param]
     ax.hist(samples, bins=30, color=OURS_COLOR, alpha=0.55, label=f"{label}: {len(samples)} resamples")
@@ -97,9 +98,7 @@ def plot_minima_laws(axes, minima_runs, laws: dict, budgets=None):
     (N*, D*) (lines).  Right: each law's compute-optimal loss of the plain model (r = 1, paper
     widths, `looped.law.compute_optimal`) extrapolated over ``budgets``; the shaded span is the
     range of budgets the paper trained.  ``laws`` maps a label to a Law or FitResult."""
-    import numpy as np
 
-    from ..law import compute_optimal, predict
     left, right = axes
     styles = ["-", "--", ":", "-."]
     for r in sorted(minima_runs["r"].unique()):
@@ -132,7 +131,6 @@ def plot_minima_laws(axes, minima_runs, laws: dict, budgets=None):
 def plot_phi_comparison(ax, cs, paper_baseline: float, paper_variant: float):
     """phi of a case study (`looped.studies.case_studies.CaseStudy`) and of its baseline, with bootstrap intervals
     where there are any, beside the paper's two values (Table 3)."""
-    import numpy as np
     labels = ["baseline", cs.name]
     x = np.arange(2)
     ax.scatter(x + 0.12, [paper_baseline, paper_variant], marker="s", s=50, color=PAPER_COLOR,
@@ -179,7 +177,6 @@ def plot_effective_size_vs_phi(ax=None, preset: str = "paper", s: float = 32, r_
     `marks` maps labels to phi values drawn as thin vertical lines (e.g. the case studies)."""
     import matplotlib.pyplot as plt
 
-    from ..law import effective_size_vs_phi
     df = effective_size_vs_phi(preset, s=s, r_values=r_values)
     if ax is None:
         _, ax = plt.subplots(figsize=(6.5, 4.2))
@@ -210,7 +207,6 @@ def plot_compute_optimal(axes, frontier, minima=None, paper_gaps=None, budget_ra
     """Four panels on `axes` (2 x 2): N*(C), D*(C), L*(C) and the loss gap to r = 1, the law's
     continuous frontier as lines (one per r), the published per-cell minima as markers,
     the paper's reported gap ranges as bands, and the paper's budget range shaded."""
-    from ..law import frontier_gaps
     fr = frontier_gaps(frontier)
     axes = list(getattr(axes, "flat", axes))
     cols = [("n_star", "unique non-embedding params N*"), ("tokens_star", "training tokens D*"),
@@ -273,9 +269,7 @@ def plot_phi_forest(entries, ax=None, reference: float = PAPER_PHI, reference_ci
     with its end written beside it.  Raises ValueError on an empty table, a missing column, an
     unknown source or an interval whose ends are the wrong way round."""
     import matplotlib.pyplot as plt
-    import pandas as pd
 
-    from ..solver import HI, LAW_PARAMS, LO
     cols = ["label", "source", "phi", "lo", "hi"]
     df = entries.copy() if isinstance(entries, pd.DataFrame) else pd.DataFrame(list(entries), columns=cols)
     if missing := [c for c in cols if c not in df.columns]:
@@ -353,11 +347,7 @@ def plot_neff_collapse(runs, law, axes=None, phis=None):
     the legend); default a 2 x 2 grid.  Raises ValueError for a law without phi (Chinchilla), a
     missing column or no runs."""
     import matplotlib.pyplot as plt
-    import numpy as np
 
-    from ..accounting import n_effective
-    from ..law import as_law
-    from ..studies.phi_fits import rmse_at_phi
     if missing := [c for c in ("r", "n_once", "n_rec", "tokens", "loss", "budget") if c not in runs.columns]:
         raise ValueError(f"N_eff collapse: missing column(s) {', '.join(missing)}")
     if not len(runs):

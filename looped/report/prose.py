@@ -5,8 +5,12 @@ import numpy as np
 import pandas as pd
 
 from ..config import R_VALUES
+from ..fit import at_bounds
+from ..law import residuals
+from ..solver import HI, LAW_PARAMS, LO
 from ..studies.analysis import gap_side
 from ..studies.case_studies import CELL_NOISE, CaseStudy, token_gain
+from ..studies.paper import PAPER_PHI, PAPER_PHI_CI, paper_fits, paper_table
 from .palette import _SYMBOLS as _SYMBOL
 from .study_text import study_label
 
@@ -22,6 +26,17 @@ def residual_pattern(cells: "pd.DataFrame") -> str:
         return (text + f", with the same sign at every budget: the law {'over' if by_r[worst] > 0 else 'under'}"
                 f"estimates how well r = {int(worst)} does at each of them, rather than missing one budget.")
     return text + ", with a sign that changes between budgets."
+
+
+def interval_vs_paper(lo: float, hi: float) -> str:
+    """Where a 95% interval of phi lies against the paper's [0.41, 0.53]: the one place the book
+    says it (the verdict, the comparison with the paper, the key results)."""
+    plo, phi_ = PAPER_PHI_CI
+    if lo > phi_:
+        return f"lies entirely above the paper's [{plo:g}, {phi_:g}], by {lo - phi_:.3f} at the closest ends"
+    if hi < plo:
+        return f"lies entirely below the paper's [{plo:g}, {phi_:g}], by {plo - hi:.3f} at the closest ends"
+    return f"overlaps the paper's [{plo:g}, {phi_:g}]"
 
 
 def joint_fit_verdict(joint, restricted: dict, runs, per_r: dict | None = None, gaps=None, paper_gaps=None,
@@ -40,9 +55,6 @@ def joint_fit_verdict(joint, restricted: dict, runs, per_r: dict | None = None, 
     restricted variants, the per-r residuals, Table 1 and the budget halves.  ``joint`` None
     gives the note that there is no fit yet.
     """
-    from ..fit import at_bounds
-    from ..law import residuals
-    from ..studies.paper import PAPER_PHI, PAPER_PHI_CI, paper_fits, paper_table
     if joint is None:
         return (f"No fit of {label} is shown yet: the sweep folder holds too few finished runs.  Rerun the "
                 "chapter once its sweep (`looped sweep STUDY`) has finished.")
@@ -57,13 +69,12 @@ def joint_fit_verdict(joint, restricted: dict, runs, per_r: dict | None = None, 
     where = (f"contains the paper's {PAPER_PHI:g}" if lo <= PAPER_PHI <= hi else
              f"lies entirely above the paper's {PAPER_PHI:g}" if lo > PAPER_PHI else
              f"lies entirely below the paper's {PAPER_PHI:g}")
-    overlap = "overlaps" if (lo <= phi_ and hi >= plo) else "does not overlap"
     zero = "excludes φ = 0" if lo > 0 else "does not exclude φ = 0"
     one = "excludes φ = 1" if hi < 1 else "does not exclude φ = 1"
     r2f, r20, r21 = joint.r2, restricted[0.0].r2, restricted[1.0].r2
     text = (f"On the {joint.n_runs} runs of {label} the joint fit gives **φ = {joint.phi:.3f}** with a 95% "
             f"block-bootstrap interval of [{lo:.3f}, {hi:.3f}] (width {hi - lo:.2f}; the paper's is "
-            f"{phi_ - plo:.2f} wide).  The interval {where}, {overlap} the paper's [{plo}, {phi_}], {zero} "
+            f"{phi_ - plo:.2f} wide).  The interval {where}, {interval_vs_paper(lo, hi)}, {zero} "
             f"and {one}.  ")
     worse = [(name, r2f - r2) for name, r2 in (("φ = 0", r20), ("φ = 1", r21))]
     text += f"The free fit reaches R² = {r2f:.4f} (paper: {p_r2['phi_free']:.4f}); "
@@ -183,20 +194,11 @@ def beside_the_paper(joint) -> str:
     """One or two sentences (Markdown) setting our phi and its interval beside the paper's 0.459
     [0.41, 0.53]: overlap or not, by how much, and whether the interval runs into the edge of
     the fit's search box (resamples that cannot pin phi at all)."""
-    from ..solver import HI, LO
-    from ..studies.paper import PAPER_PHI, PAPER_PHI_CI
     if joint is None or "phi" not in joint.ci:
         return "There is no bootstrapped fit of our runs to set beside the paper's yet."
     lo, hi = joint.ci["phi"]
-    plo, phi_ = PAPER_PHI_CI
-    text = (f"Our φ = {joint.phi:.3f}, 95% interval [{lo:.3f}, {hi:.3f}], against the paper's {PAPER_PHI:g} "
-            f"[{plo:g}, {phi_:g}]: ")
-    if lo > phi_:
-        text += f"ours lies entirely above the paper's, by {lo - phi_:.3f} at the closest ends."
-    elif hi < plo:
-        text += f"ours lies entirely below the paper's, by {plo - hi:.3f} at the closest ends."
-    else:
-        text += "the two intervals overlap."
+    text = (f"Our φ = {joint.phi:.3f}, 95% interval [{lo:.3f}, {hi:.3f}], against the paper's {PAPER_PHI:g}: "
+            f"the interval {interval_vs_paper(lo, hi)}.")
     edges = [v for v, edge in ((lo, float(LO[5])), (hi, float(HI[5]))) if abs(v - edge) < 1e-6]
     if edges:
         samples = getattr(joint, "boot_samples", None)
@@ -210,7 +212,6 @@ def beside_the_paper(joint) -> str:
 
 def token_gain_summary(study: str = "paper-truncated"):
     """`token_gain` condensed per r and overall: runs, median / min / max of the token ratio."""
-    import pandas as pd
     t = token_gain(study)
     parts = [(str(r), g) for r, g in t.groupby("r")] + [("all", t)]
     return pd.DataFrame([dict(r=k, runs=len(g), median=g["ratio"].median(), min=g["ratio"].min(),
@@ -223,7 +224,6 @@ def edge_notes(cs: CaseStudy) -> list:
     (log E = -3, i.e. E = e^-3 = 0.050 nats; phi = -3 or 3): a parameter there is a bound of the
     protocol, not an estimate, and a bootstrap percentile there means that part of the resamples
     ran into the edge, so the interval is open on that side.  Empty when nothing is on an edge."""
-    from ..fit import HI, LAW_PARAMS, LO, at_bounds
     notes = []
     for label, res in (("baseline", cs.baseline), (cs.name, cs.variant)):
         if res is None:

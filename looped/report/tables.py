@@ -6,13 +6,16 @@ precisions as text; `params_comparison` lays a fit beside published values.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 
 import numpy as np
 import pandas as pd
 
+from ..config import get_preset
 from ..solver import LAW_PARAMS
-from ..studies.analysis import study_learning_rates
+from ..studies.analysis import study_learning_rates, study_plan
+from ..studies.registry import STUDIES
 
 
 def eng(x: float, digits: int = 3) -> str:
@@ -80,7 +83,6 @@ def law_row(res, ci: bool = True) -> dict:
 def format_table(df, index: bool = True) -> str:
     """A table as text with the precision of `cell_text` per column (a column's name, or the last
     level of a two-level name, picks the format).  Missing values print as ``-``."""
-    import pandas as pd
     out = pd.DataFrame(index=df.index)
     for col in df.columns:
         name = col[-1] if isinstance(col, tuple) else col
@@ -104,7 +106,6 @@ def format_params(df) -> str:
 def side_by_side(ours, paper, keys=("ours", "paper")):
     """Two tables with the same row index next to each other under a top column level
     ``ours | paper``; rows present in only one of them are kept (missing cells are NaN)."""
-    import pandas as pd
     return pd.concat([ours, paper], axis=1, keys=list(keys))
 
 
@@ -114,7 +115,6 @@ def params_comparison(res, paper: dict, paper_ci: dict | None = None, ci: bool =
     Rows A, alpha, B, beta, E, phi and R^2; columns ``ours`` (with ``2.5%`` / ``97.5%`` bootstrap
     percentiles when ``ci``) and ``paper`` (with the paper's interval where it gives one,
     ``paper_ci`` = {param: (lo, hi)})."""
-    import pandas as pd
     nan = float("nan")
     row = law_row(res)
     rows = []
@@ -136,7 +136,6 @@ def params_comparison(res, paper: dict, paper_ci: dict | None = None, ci: bool =
 def iso_flop_display(cells):
     """``iso_flop_cells`` rounded for printing: runs finished/planned, the best run's width, the
     vertex (N*, L*, tokens per param) of the cells that bracket their minimum, and the flag."""
-    import pandas as pd
     rows = []
     for c in cells.itertuples():
         fitted = bool(c.fitted)
@@ -221,7 +220,6 @@ def group_pairs(df, suffixes=("ours", "paper")):
     """Columns named ``<quantity>_<suffix>`` (e.g. ``params_M_ours``, ``params_M_paper``) under a
     two-level header: the quantity on top, ``ours | paper`` below; other columns keep their name
     on top and an empty second level."""
-    import pandas as pd
     cols = []
     for c in df.columns:
         top, sub = str(c), ""
@@ -244,7 +242,6 @@ def html_table(df, headers: dict | None = None, caption: str | None = None, inde
     grouped headers.  Every cell is formatted by
     `number_text` unless ``formats`` gives a format string or function for its column.  The
     index is shown unless it is a plain 0..n-1 range (``index`` overrides)."""
-    import pandas as pd
     names = {**HEADERS, **(headers or {})}
     if pairs:
         table = group_pairs(df, tuple(pairs)) if isinstance(pairs, (tuple, list)) else group_pairs(df)
@@ -269,7 +266,6 @@ def html_table(df, headers: dict | None = None, caption: str | None = None, inde
     table.columns = new
     if table.index.name in names:
         table.index.name = names[table.index.name]
-    import hashlib
     digest = hashlib.md5((str(caption) + table.to_csv()).encode()).hexdigest()[:8]
     styler = table.style.format(fmt).set_uuid(f"looped{digest}")   # stable ids: reruns change no HTML
     plain_index = isinstance(df.index, pd.RangeIndex) and df.index.start == 0 and df.index.step == 1
@@ -291,7 +287,6 @@ def plan_summary(table):
     Ranges run over the widths of the budget (and over r where marked); N is unique
     non-embedding parameters, D training tokens per run.
     """
-    import pandas as pd
     rows = []
     for budget, g in table.groupby("budget", sort=True):
         plain = g[g.r == g.r.min()]
@@ -312,7 +307,6 @@ def plan_summary(table):
 
 def learning_rate_summary(studies=("paper-main", "cpu-main")):
     """Range of each peak learning rate over the runs of each budget of the given studies."""
-    import pandas as pd
     rows = []
     for study in studies:
         lr = study_learning_rates(study)
@@ -327,9 +321,6 @@ def scale_comparison(ours: str = "cpu-main", paper: str = "paper-main") -> pd.Da
     small-scale phi from the paper's (unique non-embedding parameters, training tokens, steps,
     budgets, context, vocabulary, head dimension), with the factor paper / ours (for a range,
     the ratio of the geometric means of its ends)."""
-    from ..config import get_preset
-    from ..studies.analysis import study_plan
-    from ..studies.registry import STUDIES
     plans = {name: study_plan(name) for name in (paper, ours)}
     presets = {name: get_preset(STUDIES[name][2]) for name in (paper, ours)}
     from .tables import eng, power_of_ten

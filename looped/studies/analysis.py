@@ -11,12 +11,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+import pandas as pd
 
 from .. import accounting as acc
-from ..config import R_VALUES, REPO
+from ..config import R_VALUES, REPO, get_preset
 from ..fit import FitError, validate_runs
+from ..law import residuals
 from ..memory import GPU_SPECS
-from .estimate import DEFAULT_GPU_MFU
+from ..records import COLUMNS, read_records
+from .estimate import DEFAULT_GPU_MFU, plan
+from .registry import load_study
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -29,9 +33,7 @@ def study_runs(runs_dirs):
     sweep that has not started) contributes nothing.  Every status is kept; the column
     ``folder`` names the folder a record came from.
     """
-    import pandas as pd
 
-    from ..records import COLUMNS, read_records
     frames = []
     for folder in ([runs_dirs] if isinstance(runs_dirs, (str, Path)) else list(runs_dirs)):
         path = Path(folder)
@@ -50,7 +52,6 @@ def main_design(runs):
     default linear injection and full backpropagation (``bptt_k == r``).  Returns
     ``(kept, dropped)``; ``dropped`` has a ``reason`` column.
     """
-    import numpy as np
     ok = runs["status"].astype(str) == "ok"
     r = runs["r"].astype(float)
     inj = runs["injection"].astype(str)
@@ -82,7 +83,6 @@ def iso_flop_minima(df) -> "pd.DataFrame":
     unique params) and its vertex.  Columns budget, r, n_runs, n_star, loss_star, tokens_star
     (tokens interpolated log-linearly in log N at the vertex), inside (vertex within the
     cell's range of N), opens_up (positive curvature; otherwise the vertex is a maximum)."""
-    import pandas as pd
 
     df = validate_runs(df)
     if "budget" not in df.columns:
@@ -113,8 +113,6 @@ def study_plan(study: str = "cpu-main", peak_flops: float = 1.0, mfu: float = 1.
     and ``tokens_per_param`` (tokens per unique non-embedding parameter).  ``est_seconds`` is
     the run's wall time at ``mfu`` of ``peak_flops``.
     """
-    from .estimate import plan
-    from .registry import load_study
     table = plan(load_study(study), peak_flops, mfu)
     table["run_flops"] = table["flops_per_token"].astype(float) * table["tokens"]
     table["tokens_per_param"] = table["tokens"] / table["n"]
@@ -130,9 +128,7 @@ def study_table(study: str = "cpu-main", runs_dir=None):
     grid (e.g. an extra budget trained with ``looped sweep STUDY --grid FILE``) are appended
     from their own fields, with ``planned`` False.  A missing folder means no records.
     """
-    import pandas as pd
 
-    from ..records import COLUMNS, read_records
     table = study_plan(study).drop(columns=["est_seconds"])
     table["planned"] = True
     runs_dir = REPO / "runs" / study if runs_dir is None else Path(runs_dir)
@@ -188,7 +184,6 @@ def iso_flop_cells(table, min_runs: int = 3):
     run counts, whether the cell's best run is its narrowest or widest (``best_at``), and
     ``fitted`` (False for cells skipped for having too few runs; their vertex columns are NaN).
     """
-    import pandas as pd
     ok = table[(table.status == "ok") & table.loss.notna()]
     keep = ["budget", "r", "n_once", "n_rec", "tokens", "loss", "s", "status"]
     minima = iso_flop_minima(ok[keep]) if len(ok) else pd.DataFrame(
@@ -218,8 +213,6 @@ def iso_flop_cells(table, min_runs: int = 3):
 def minima_exponents(minima, min_cells: int = 2):
     """Least-squares slope a of log N* against log C per r (N* grows as C^a), over the cells of
     ``minima`` (columns budget, r, n_star; rows with ``inside`` False or NaN N* are left out)."""
-    import numpy as np
-    import pandas as pd
     m = minima.dropna(subset=["n_star"])
     if "inside" in m.columns:
         m = m[m["inside"].astype(bool)]
@@ -237,7 +230,6 @@ def same_width_gaps(runs):
     model and a looped model were trained, the looped model's loss minus the plain model's
     (nats; same width, hence almost the same FLOPs per token and tokens).  Summarised per r:
     number of matched pairs, mean, smallest and largest gap."""
-    import pandas as pd
     plain = runs[runs["r"] == 1][["budget", "s", "loss"]].rename(columns={"loss": "plain"})
     looped = runs[runs["r"] > 1][["budget", "s", "r", "loss"]]
     m = looped.merge(plain, on=["budget", "s"])
@@ -251,10 +243,7 @@ def same_width_gaps(runs):
 def residuals_by_r(res, runs):
     """Residuals (observed minus predicted loss, nats) of a fitted law, summarised per r: number
     of runs, mean residual, largest absolute residual and RMSE (the paper's per-r table)."""
-    import numpy as np
-    import pandas as pd
 
-    from ..law import residuals
     df = pd.DataFrame({"r": runs["r"].astype(int).to_numpy(), "res": residuals(res, runs)})
     g = df.groupby("r")["res"]
     out = pd.DataFrame({"n_runs": g.size(), "mean_residual": g.mean(),
@@ -267,7 +256,6 @@ def run_costs(table):
     """Wall time of the finished runs per budget and in total (from the records): runs, summed
     wall seconds, training tokens, tokens/s (total tokens over total time) and the model
     FLOP/s that the accounting credits them with."""
-    import pandas as pd
     ok = table[(table.status == "ok") & table.wall_seconds.notna()].copy()
     ok["model_flops"] = ok.flops_per_token.astype(float) * ok.tokens
     rows = []
@@ -286,7 +274,6 @@ def study_compute(study: str = "paper-main", peak_flops: float = GPU_SPECS["H200
     """Training compute of a study per budget: runs, total FLOPs, and accelerator-hours at an
     ASSUMED ``mfu`` of ``peak_flops`` (default: the H200's dense bf16 peak at 30% MFU, the
     default of ``looped sweep --dry-run``; the validation passes and restarts are not included)."""
-    import pandas as pd
     plan_ = study_plan(study)
     rows = []
     for key, g in list(plan_.groupby("budget", sort=True)) + [("total", plan_)]:
@@ -305,7 +292,6 @@ def loss_gaps_to_plain(table, paper=None, min_runs: int = 3):
     least ``min_runs`` finished runs.  With ``paper`` (``paper_minima()``): the published L*
     differences as well.  One row per (source, budget), one column per looped r.
     """
-    import pandas as pd
     ok = table[(table.status == "ok") & table.loss.notna()]
     g = ok.groupby(["budget", "r"]).loss
     best = g.min().where(g.size() >= min_runs).unstack("r")
@@ -323,11 +309,8 @@ def loss_gaps_to_plain(table, paper=None, min_runs: int = 3):
 def study_learning_rates(study: str = "cpu-main"):
     """Peak learning rates (``looped.optim.learning_rates``, HyperP transfer) of every run of a
     study: one row per run with the matrix (MuonH), embedding, head and norm rates."""
-    import pandas as pd
 
-    from ..config import get_preset
     from ..optim import learning_rates
-    from .registry import load_study
     rows = []
     for run in load_study(study):
         cfg = run.model_config()

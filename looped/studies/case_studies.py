@@ -13,10 +13,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+import pandas as pd
 
 from .. import accounting as acc
-from ..config import model_config
+from ..config import get_preset, model_config
 from ..fit import REQUIRED, FitError, FitResult, fit, is_chinchilla, load_runs, validate_runs
+from .registry import load_study
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -25,7 +27,6 @@ if TYPE_CHECKING:
 def _as_runs(runs):
     """A runs table from a DataFrame, a CSV / record folder, or None; a missing folder, a folder
     without records or None give an empty table (a sweep that has not started yet)."""
-    import pandas as pd
 
     empty = pd.DataFrame(columns=list(REQUIRED) + ["budget"])
     if runs is None:
@@ -62,7 +63,6 @@ def case_study_runs(main, study, budgets=None, study_r=None):
     may be DataFrames or record folders / CSV files.  Returns (baseline, variant), each sorted
     by (budget, r, size).
     """
-    import pandas as pd
 
     main, study = _as_runs(main), _as_runs(study)
     for name, df in (("main", main), ("case study", study)):
@@ -127,7 +127,6 @@ class CaseStudy:
     def table(self) -> "pd.DataFrame":
         """One row per fit (baseline, variant): runs, phi with its bootstrap interval, alpha,
         beta, E, A, B, R^2; NaN where a fit was skipped."""
-        import pandas as pd
         rows = []
         for label, res, runs in (("baseline", self.baseline, self.baseline_runs),
                                  (self.name, self.variant, self.variant_runs)):
@@ -195,7 +194,6 @@ def case_study_cells(baseline_runs, variant_runs):
     """Per (budget, r > 1) cell: the best (lowest-loss) run of the baseline (linear injection,
     full backprop) and of the case study, and their difference (case study minus baseline, nats).
     Only cells present in both tables."""
-    import pandas as pd
     out = []
     b = baseline_runs[baseline_runs["r"].astype(float) > 1]
     v = variant_runs[variant_runs["r"].astype(float) > 1]
@@ -222,10 +220,7 @@ def token_gain(study: str = "paper-truncated"):
     them), ratio (tokens_variant / tokens_full) and flops_ratio (flops_full / flops_variant, the
     gain before rounding to whole steps).
     """
-    import pandas as pd
 
-    from ..config import get_preset
-    from .registry import load_study
     rows = []
     for run in load_study(study):
         cfg = run.model_config()

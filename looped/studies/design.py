@@ -18,8 +18,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..records import read_records
-from .analysis import iso_flop_cells, study_table
+from ..config import REPO, get_preset
+from ..fit import fit
+from ..law import residuals
+from ..records import COLUMNS, read_records
+from .analysis import iso_flop_cells, main_design, study_table
+from .estimate import cpu_estimate
+from .registry import STUDIES, load_study
 
 
 def pilot_optima(study: str = "prose-pilot", runs_dir=None, tokens_per_param=(10.0, 40.0)) -> pd.DataFrame:
@@ -52,8 +57,6 @@ def lr_sweep(study: str = "prose-lr", runs_dir=None, tolerance: float = 0.01) ->
     multiplier, whether multiplier 1 (the transfer as the paper states it) is within `tolerance`
     nats of the best, and the gap at the study preset's default multiplier (`Preset.lr_scale`,
     which an LR sweep that finds the transfer off re-bases)."""
-    from ..config import get_preset
-    from .registry import STUDIES
     default = get_preset(STUDIES[study][2]).lr_scale if study in STUDIES else 1.0
     rec = _ok_records(study, runs_dir)
     rows = []
@@ -103,7 +106,6 @@ def batch_comparison(study: str = "prose-batch", runs_dir=None) -> pd.DataFrame:
 def grid_shape(study: str = "cpu-main") -> pd.DataFrame:
     """Per budget of a study's grid: the widths d_model trained, the recurrences, the number of
     runs and their FLOPs (what `looped sweep STUDY --dry-run` lists run by run)."""
-    from .registry import load_study
     rows = {}
     for run in load_study(study):
         row = rows.setdefault(run.budget, {"budget": run.budget, "widths": set(), "r": set(), "runs": 0})
@@ -122,9 +124,6 @@ def study_cost(studies=("cpu-main", "cpu-truncated", "cpu-hyper"), processes: in
     `timing_from` studies (the design runs by default, so the estimate does not drift while the
     study itself runs; None: the study's own runs once it has some), for the whole study and for
     the runs not yet recorded."""
-    from ..config import REPO
-    from .estimate import cpu_estimate
-    from .registry import load_study
     sources = None if timing_from is None else [REPO / "runs" / name for name in timing_from]
     rows = []
     for study in studies:
@@ -140,8 +139,6 @@ def study_cost(studies=("cpu-main", "cpu-truncated", "cpu-hyper"), processes: in
 def _ok_records(study: str, runs_dir=None) -> pd.DataFrame:
     from pathlib import Path
 
-    from ..config import REPO
-    from ..records import COLUMNS
     folder = REPO / "runs" / study if runs_dir is None else Path(runs_dir)
     rec = read_records(folder) if folder.is_dir() else pd.DataFrame(columns=COLUMNS)
     rec = rec[rec.status == "ok"].copy()
@@ -164,8 +161,6 @@ def rerun_targets(table: pd.DataFrame, joint, halves: dict | None = None, seed_s
     bootstrap, `seed_std` the largest seed spread (`seed_spread`).  Cells must bracket their
     minimum (the iso-FLOP parabola's vertex inside the widths trained and a minimum); residuals
     are in nats; the halves agree when each half's phi lies in the other's 95% interval."""
-    from ..law import residuals
-    from .analysis import iso_flop_cells, main_design
     rows = []
 
     def add(target, aim, measured, met):
@@ -207,8 +202,6 @@ def leave_one_r_out(runs: pd.DataFrame, restarts: int = 500, seed: int = 0) -> p
     R^2 and residual RMSE.  If dropping one architecture brings the fit close to the targets,
     the misfit is that architecture's; if every row stays short, the shared exponents of the law
     are what the runs disagree with."""
-    from ..fit import fit
-    from ..law import residuals
     rows = []
     for drop in [None] + sorted(int(r) for r in runs["r"].unique() if r > 1):
         sub = runs if drop is None else runs[runs["r"] != drop].reset_index(drop=True)

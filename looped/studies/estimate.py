@@ -8,11 +8,14 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pandas as pd
 
-from .. import accounting
+from .. import accounting, memory
 from ..config import REPO
 from ..memory import gpu_spec
+from ..records import COLUMNS, read_records, run_state
+from .registry import SweepError
 
 if TYPE_CHECKING:
     from .registry import Run
@@ -62,14 +65,12 @@ def gpu_plan(runs: list[Run], peak_flops: float, mfu: float, device_memory: floa
     """`plan` for GPUs: each run's micro-batch (automatic for `device_memory` per GPU unless
     given), its predicted peak memory (looped.memory) and estimated GPU-hours at `mfu` of
     `peak_flops`; `gpus` data-parallel processes share each step's rows."""
-    from .. import memory
     table = plan(runs, peak_flops, mfu)
     micro, mem = [], []
     for run in runs:
         cfg = run.model_config()
         rows = run.tokens_per_step // cfg.seq_len
         if rows % gpus:
-            from .registry import SweepError
             raise SweepError(f"{rows} rows per step do not split over {gpus} GPUs")
         m = micro_batch or memory.auto_micro_batch(cfg, rows // gpus, device_memory, dtype)
         micro.append(m)
@@ -85,7 +86,6 @@ def time_model(records: pd.DataFrame) -> tuple[float, float] | None:
 
     Needs at least 4 finished runs; returns None otherwise (the caller falls back to the peak).
     """
-    import numpy as np
     ok = records[(records.status == "ok") & records.wall_seconds.notna()]
     if len(ok) < 4:
         return None
@@ -102,7 +102,6 @@ def fast_path_records(preset: str, runs_root: str | Path | None = None) -> pd.Da
     """Finished fast-path runs of `preset` in every study folder under runs/: the measured speed
     a new study's dry run is timed with before it has finished runs of its own (records copied
     from another study are skipped, so no run counts twice)."""
-    from ..records import COLUMNS
     rows = []
     for path in sorted(Path(runs_root or REPO / "runs").glob("*/*.json")):
         try:
@@ -128,7 +127,6 @@ def cpu_estimate(runs: list[Run], out: str | Path, peak_flops: float, mfu: float
     else every fast-path run of the same preset under runs/), or `mfu` of `peak_flops` without
     any.  `hours_wall` is the longest of `processes` round-robin shards, as `--shard i/P` splits
     the study over one process per core."""
-    from ..records import COLUMNS, read_records, run_state
     out = Path(out)
     if timing_from:
         sources = [Path(p) for p in timing_from]

@@ -21,9 +21,12 @@ import csv
 from typing import TYPE_CHECKING
 
 import numpy as np
+import pandas as pd
 
+from .. import accounting as acc
 from ..config import REPO
 from ..law import Law, config_at_width, predict
+from .registry import GRID_FILES, load_study
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -46,7 +49,6 @@ PAPER_PHI_CI = (float(_JOINT["phi_ci_low"]), float(_JOINT["phi_ci_high"]))   # i
 
 def paper_table(name: str) -> "pd.DataFrame":
     """One of the paper's published tables, by file name without ``.csv`` (see the module docstring)."""
-    import pandas as pd
     return pd.read_csv(PAPER_DIR / f"{name}.csv")
 
 
@@ -59,10 +61,7 @@ def paper_fits() -> "pd.DataFrame":
 def paper_grid(study: str = "main", grids=None, batch_tokens: int = 262_144) -> "pd.DataFrame":
     """The paper's run grid (``grids.csv``, via `looped.studies.registry.load_study`) with the
     accounting's n_once, n_rec and tokens."""
-    import pandas as pd
 
-    from .. import accounting as acc
-    from .registry import GRID_FILES, load_study
     rows = []
     for run in load_study(study, GRID_FILES["paper"] if grids is None else grids, preset="paper"):
         cfg = run.model_config()
@@ -77,10 +76,8 @@ def runs_from_minima(path_or_df, preset="paper") -> "pd.DataFrame":
     into runs the fitter takes.  For every cell the continuous width d at which the preset's
     iso-depth model has N = N* is found from the accounting; n_once / n_rec are split in that
     architecture's proportion (summing to N* exactly) and D = C / flops_per_token(width d)."""
-    import pandas as pd
     from scipy.optimize import brentq
 
-    from .. import accounting as acc
     t = pd.read_csv(path_or_df) if not isinstance(path_or_df, pd.DataFrame) else path_or_df
     rows = []
     for row in t.itertuples():

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+import pandas as pd
 
 from ..config import REPO
 from ..fit import fit
@@ -25,7 +26,6 @@ def phi_profile(runs, phis=None, restarts: int = 100, seed: int = 0):
     (the other five parameters free), one row per value with the fit's Huber objective, its
     ratio to the lowest objective of the profile, and R^2.  A flat profile means the data hardly
     prefer one phi over another; a narrow valley means phi is well identified."""
-    import pandas as pd
 
     phis = np.linspace(-0.5, 1.5, 21) if phis is None else np.asarray(phis, float)
     rows = []
@@ -113,7 +113,6 @@ def phi_estimates(ours: dict | None = None) -> "pd.DataFrame":
     the same labels to FitResults (`our_phi_fits`), and a label whose fit is None or has no phi
     gets a row with NaN phi (not fitted).  Rows are ordered by label, the paper's before ours.
     """
-    import pandas as pd
 
     paper = paper_fits()
     unknown = set(ours or {}) - set(PHI_FITS)

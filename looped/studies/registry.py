@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..accounting import steps_for_budget
 from ..config import DEFAULT_SEED, REPO, get_preset, model_config, run_name
+from ..options import TrainConfig
 
 GRID_FILES = {"paper": REPO / "runs" / "paper" / "grids.csv", "cpu": REPO / "runs" / "cpu_grids.csv",
               "gpu": REPO / "runs" / "gpu_grids.csv", "prose": REPO / "runs" / "prose_grids.csv"}
@@ -64,7 +66,6 @@ class Run:
                                 # gets at this budget (so a truncated run's pair differs only in N_eff)
 
     def train_config(self, **kw):
-        from ..options import TrainConfig
         return TrainConfig(preset=self.preset, r=self.r, s=self.s, injection=self.injection, lanes=self.lanes,
                            bptt_k=self.bptt_k, budget=self.budget, steps=self.steps, study=self.study,
                            lr_scale=self.lr_scale, seed=self.seed, batch_tokens=self.batch_tokens,
@@ -75,7 +76,6 @@ class Run:
         """Set only for matched-token runs: the steps of the same model with full backprop."""
         if not self.match_tokens:
             return None
-        from ..accounting import steps_for_budget
         full = model_config(self.preset, r=self.r, s=self.s, injection=self.injection, lanes=self.lanes)
         return steps_for_budget(full, self.budget, self.tokens_per_step)
 

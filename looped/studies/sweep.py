@@ -9,6 +9,7 @@ on to every run are TrainConfig's (looped.options), flags and SLURM script alike
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import sys
@@ -94,7 +95,6 @@ def _claim(out: Path, run_id: str):
     dies with its process.  Under torchrun every rank trains the same run, so ranks do not lock."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         return lambda: None
-    import fcntl
     folder = out / "ckpt"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{run_id}.lock"
