@@ -30,3 +30,25 @@ def atomic_write_bytes(path, payload: bytes):
 
 def atomic_write_json(path, obj, **dump_kw):
     atomic_write_bytes(path, (json.dumps(obj, **{"indent": 1, **dump_kw}) + "\n").encode())
+
+
+def json_ready(x):
+    """Numbers as JSON can hold them: tables (anything with ``to_dict``) as lists of records,
+    dataclasses as dicts, numpy scalars and arrays as Python, NaN and infinities as null."""
+    import dataclasses
+    import math
+
+    import numpy as np
+    if hasattr(x, "to_dict") and hasattr(x, "columns"):
+        return json_ready(x.to_dict(orient="records"))
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return json_ready(dataclasses.asdict(x))
+    if isinstance(x, dict):
+        return {str(k): json_ready(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple, np.ndarray)):
+        return [json_ready(v) for v in x]
+    if isinstance(x, (np.integer, np.bool_)):
+        return x.item()
+    if isinstance(x, (float, np.floating)):
+        return float(x) if math.isfinite(x) else None
+    return x

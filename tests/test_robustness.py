@@ -9,6 +9,7 @@ import pytest
 from looped import accounting as acc
 from looped.config import model_config
 from looped.fit import FitError, fit
+from looped.io import json_ready
 from looped.solver import RunArrays, law_loss
 from looped.studies import multifit as M
 from looped.studies import robustness as R
@@ -153,7 +154,8 @@ def test_paper_tables():
     law = R.published_law()
     assert law["phi"] == 0.459 and law["alpha"] == pytest.approx(0.199, abs=1e-3)
     m = R.paper_minima()
-    star = pd.read_csv(R.PAPER_DIR / "compute_optimal_minima.csv")
+    from looped.studies.paper import PAPER_DIR
+    star = pd.read_csv(PAPER_DIR / "compute_optimal_minima.csv")
     assert len(m) == 24
     np.testing.assert_allclose(m["n_once"] + m["n_rec"], star["n_star_unique_millions"] * 1e6, rtol=1e-9)
     assert (m.loc[m["r"] == 1, "n_rec"] == 0).all() and (m.loc[m["r"] > 1, "n_rec"] > 0).all()
@@ -179,7 +181,7 @@ def test_bad_input_raises_a_clear_error(exact, tmp_path):
 
 
 def test_json_is_plain():
-    out = R._plain({"t": pd.DataFrame({"a": [1.0, np.nan]}), "x": np.float64(2), "n": np.int64(3), "v": (np.nan,)})
+    out = json_ready({"t": pd.DataFrame({"a": [1.0, np.nan]}), "x": np.float64(2), "n": np.int64(3), "v": (np.nan,)})
     assert json.loads(json.dumps(out, allow_nan=False)) == {
         "t": [{"a": 1.0}, {"a": None}],
         "x": 2.0,

@@ -15,7 +15,6 @@ coverage of all three on our design, and `main` is `python -m looped.studies.pai
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 import warnings
@@ -28,6 +27,7 @@ import pandas as pd
 
 from looped.config import DEFAULT_SEED
 from looped.fit import FitError, FitResult, at_bounds, fit, load_runs, validate_runs
+from looped.io import atomic_write_json, json_ready
 from looped.solver import HI, HUBER_DELTA, LO
 
 KEYS = ("budget", "r", "s", "seed", "data_order")
@@ -352,18 +352,6 @@ def seed_sd(runs) -> float:
 
 # ------------------------------------------------------------------ command line
 
-def _clean(x):
-    """JSON-ready numbers: DataFrames as lists of records, NaN as null."""
-    if isinstance(x, (pd.DataFrame, Estimate)):
-        return _clean(x.to_dict("records") if isinstance(x, pd.DataFrame) else asdict(x))
-    if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    if isinstance(x, (np.floating, float)):
-        return float(x) if np.isfinite(x) else None
-    return x.item() if isinstance(x, np.generic) else x
-
 
 def main(argv=None) -> int:
     """`python -m looped.studies.paired --out runs/analysis/paired.json [--quick] [--runs runs]`."""
@@ -418,8 +406,7 @@ def main(argv=None) -> int:
         print(f"looped.studies.paired: error: {e}", file=sys.stderr)
         return 2
     out["seconds"] = time.perf_counter() - t0
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(_clean(out), indent=1) + "\n")
+    atomic_write_json(a.out, json_ready(out), allow_nan=False)
     return 0
 
 

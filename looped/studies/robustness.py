@@ -14,24 +14,22 @@ scipy L-BFGS-B, block bootstrap over (budget, r) cells.  Residuals: observed - p
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from scipy import stats
 
-from looped import accounting as acc
 from looped.config import REPO, model_config
 from looped.fit import FitError, fit, load_runs
+from looped.io import atomic_write_json, json_ready
 from looped.solver import LAW_PARAMS, RunArrays, law_loss
 from looped.studies.multifit import FIVE, NAN2, _cells, _rmse, check_runs, fit_multi, onehot
+from looped.studies.paper import PAPER_DIR, PAPER_LAW, paper_grid, paper_table, runs_from_minima
 
-PAPER_DIR = REPO / "runs" / "paper"
 CONFIG = ("budget", "r", "s", "injection", "bptt_k")        # a replicate group: same config, other seed
 
 
@@ -76,37 +74,19 @@ def _residuals(res, df) -> np.ndarray:
     return df["loss"].to_numpy(float) - law_loss(res.theta, RunArrays.from_frame(df))
 
 
-def published_law(paper_dir=PAPER_DIR) -> dict:
-    row = pd.read_csv(Path(paper_dir) / "fits.csv").query("table == 'joint' and fit == 'phi_free'").iloc[0]
-    return {k: float(row[k]) for k in LAW_PARAMS}
+def published_law() -> dict:
+    """The paper's joint fit as a dict (A, alpha, B, beta, E, phi)."""
+    return PAPER_LAW.to_dict()
 
 
-def paper_design(paper_dir=PAPER_DIR) -> pd.DataFrame:
-    """The paper's main grid with N_once, N_rec and D from looped.accounting (preset 'paper')."""
-    rows = []
-    for _, x in pd.read_csv(Path(paper_dir) / "grids.csv").query("study == 'main'").iterrows():
-        cfg = model_config("paper", r=int(x.r), s=float(x.s), injection=x.injection, bptt_k=int(x.bptt_k))
-        a = acc.summary(cfg, float(x.budget_flops))
-        rows.append({k: a[k] for k in ("budget", "r", "s", "n_once", "n_rec", "tokens", "injection", "bptt_k")})
-    return pd.DataFrame(rows)
+def paper_design() -> pd.DataFrame:
+    """The paper's main grid with N_once, N_rec and D from the accounting (preset 'paper')."""
+    return paper_grid("main")
 
 
-def paper_minima(paper_dir=PAPER_DIR) -> pd.DataFrame:
-    """The 24 published iso-FLOP minima as runs: N* split into N_once/N_rec at the (continuous)
-    width whose accounting gives N*, D = C / FLOPs per token at that width, loss = L*."""
-    rows = []
-    for _, x in pd.read_csv(Path(paper_dir) / "compute_optimal_minima.csv").iterrows():
-        cfg, lo, hi = model_config("paper", r=int(x.r), s=10), 1.0, 1e5
-        for _ in range(100):      # bisection on d: N* lies between the grid's widths
-            mid = 0.5 * (lo + hi)
-            lo, hi = (
-                (mid, hi) if acc.n_params(replace(cfg, d_model=mid)) < x.n_star_unique_millions * 1e6 else (lo, mid)
-            )
-        c = replace(cfg, d_model=0.5 * (lo + hi))
-        rows.append(dict(budget=float(x.budget_flops), r=int(x.r), n_once=acc.n_once(c), n_rec=acc.n_rec(c),
-                         tokens=float(x.budget_flops) / acc.flops_per_token(c), loss=float(x.loss_star_nats),
-                         d_model=c.d_model))
-    return pd.DataFrame(rows)
+def paper_minima() -> pd.DataFrame:
+    """The 24 published iso-FLOP minima as runs (`looped.studies.paper.runs_from_minima`)."""
+    return runs_from_minima(PAPER_DIR / "compute_optimal_minima.csv")
 
 
 # ----------------------------------------------------------------------------- several phis, kappa
@@ -195,14 +175,14 @@ def phi_trend(df, restarts=200, bootstrap=200, seed=0, boot_restarts=8, fix=None
 
 
 def phi_vs_compute(df, restarts=500, bootstrap=200, seed=0, boot_restarts=None, multi_restarts=200,
-                   multi_boot_restarts=8, paper_dir=PAPER_DIR) -> dict:
+                   multi_boot_restarts=8) -> dict:
     """per_budget (our runs, per_budget_phi), windows (window_phi), paper_per_budget (the paper's
     24 minima, its five other published parameters held: budget, phi, n_cells), trend (phi_trend,
     one row per data set: 'ours', 'paper_minima')."""
     df = check_runs(df)
     kw = dict(restarts=multi_restarts, seed=seed, bootstrap=bootstrap, boot_restarts=multi_boot_restarts)
-    five = {k: v for k, v in published_law(paper_dir).items() if k in FIVE}
-    minima = paper_minima(paper_dir)
+    five = {k: v for k, v in published_law().items() if k in FIVE}
+    minima = paper_minima()
     paper = [
         dict(budget=v, phi=fit(s.reset_index(drop=True), restarts=restarts, seed=seed, fix=five).phi, n_cells=len(s))
         for v, s in minima.groupby("budget")
@@ -324,22 +304,8 @@ QUICK = dict(restarts=50, bootstrap=20, boot_restarts=4, multi_restarts=16, mult
              draws=20, synth_restarts=50, synth_bootstrap=10, synth_boot_restarts=2)
 
 
-def _plain(x):
-    """JSON-ready: DataFrames as lists of records, numpy scalars as Python, NaN as null."""
-    if isinstance(x, pd.DataFrame):
-        return _plain(x.to_dict(orient="records"))
-    if isinstance(x, dict):
-        return {str(k): _plain(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple, np.ndarray)):
-        return [_plain(v) for v in x]
-    if isinstance(x, (np.integer, np.bool_)):
-        return x.item()
-    if isinstance(x, (float, np.floating)):
-        return float(x) if math.isfinite(x) else None
-    return x
 
-
-def run_all(df, seed_df, s: dict, seed=0, paper_dir=PAPER_DIR) -> dict:
+def run_all(df, seed_df, s: dict, seed=0) -> dict:
     """Every study with settings `s` (FULL or QUICK); the seconds each took under 'seconds'."""
     kw = dict(restarts=s["restarts"], bootstrap=s["bootstrap"], seed=seed, boot_restarts=s["boot_restarts"],
               multi_restarts=s["multi_restarts"], multi_boot_restarts=s["multi_boot_restarts"])
@@ -351,11 +317,11 @@ def run_all(df, seed_df, s: dict, seed=0, paper_dir=PAPER_DIR) -> dict:
 
     lap("goodness_of_fit", goodness_of_fit(df, seed_df, restarts=s["restarts"], seed=seed))
     lap("robustness", robustness_table(df, **kw))
-    lap("phi_vs_compute", phi_vs_compute(df, paper_dir=paper_dir, **kw))
+    lap("phi_vs_compute", phi_vs_compute(df, **kw))
     g = out["goodness_of_fit"]["summary"]
-    pres = pd.read_csv(Path(paper_dir) / "joint_fit_residuals.csv")      # the paper's residual RMSE as its noise
+    pres = paper_table("joint_fit_residuals")      # the paper's residual RMSE as its noise
     scenarios = {"ours": (df, g["law"], g["seed_sd"] if math.isfinite(g["seed_sd"]) else g["rmse"]),
-                 "paper": (paper_design(paper_dir), published_law(paper_dir),
+                 "paper": (paper_design(), published_law(),
                            float(np.sqrt((pres["n_runs"] * pres["rmse"] ** 2).sum() / pres["n_runs"].sum())))}
     lap("synthetic", {f"{name}_{kind}": synthetic_recovery(
         des[["budget", "r", "n_once", "n_rec", "tokens"]], law, n_draws=s["draws"], noise=nz, kind=kind,
@@ -369,7 +335,6 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", default=str(REPO / "runs" / "cpu-main"), help="runs of the main fit (folder or CSV)")
     ap.add_argument("--seeds", nargs="*", default=[str(REPO / "runs" / n) for n in ("prose-seeds", "cpu-replicates")],
                     help="replicate runs (folders or CSVs; absent ones skipped)")
-    ap.add_argument("--paper", default=str(PAPER_DIR), help="folder of the paper's CSV tables")
     ap.add_argument("--out", required=True, help="JSON file to write")
     ap.add_argument("--quick", action="store_true", help="small restarts, bootstrap and draws (CI)")
     ap.add_argument("--seed", type=int, default=0)
@@ -379,14 +344,13 @@ def main(argv=None) -> int:
     try:
         tables = [load_runs(p) for p in seeds]
         out = run_all(load_runs(a.runs), pd.concat(tables, ignore_index=True) if tables else None, settings,
-                      seed=a.seed, paper_dir=a.paper)
+                      seed=a.seed)
     except FitError as e:
         print(f"robustness: error: {e}", file=sys.stderr)
         return 2
-    out["settings"] = dict(settings, quick=a.quick, seed=a.seed, runs=a.runs, seeds=seeds, paper=a.paper,
+    out["settings"] = dict(settings, quick=a.quick, seed=a.seed, runs=a.runs, seeds=seeds,
                            total_seconds=time.perf_counter() - t0)
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(_plain(out), indent=1) + "\n")
+    atomic_write_json(a.out, json_ready(out), allow_nan=False)
     return 0
 
 
