@@ -114,6 +114,7 @@ class MuonH(torch.optim.Optimizer):
         self._layouts.clear()
 
     def load_state_dict(self, state_dict):
+        """Restore a checkpoint's state; the per-shape norm tensors are rebuilt from it on the next step."""
         super().load_state_dict(state_dict)
         self._layouts.clear()  # the initial norms now come from the checkpoint
 
