@@ -136,3 +136,20 @@ def test_loss_curves_draw_one_budgets_runs_per_r():
     assert per_panel == [4, 4, 4, 4]   # the four widths of each (2.5e12, r) cell
     assert all(ax.get_xscale() == "log" and ax.get_yscale() == "log" for ax in axes.ravel())
     plt.close(fig)
+
+
+def test_bootstrap_histogram_counts_box_edge_resamples_without_drawing_them():
+    import matplotlib.pyplot as plt
+
+    from looped.fit import FitResult
+    from looped.report import fit_figures
+    boot = np.zeros((200, 6))
+    boot[:, 5] = np.r_[np.random.default_rng(0).normal(0.64, 0.07, 199), -3.0]   # one resample on the edge
+    res = FitResult(A=1, alpha=0.3, B=1, beta=0.3, E=1, phi=0.64, r2=0.99, huber=0, n_runs=10, restarts=1,
+                    ci={"phi": (0.55, 0.80)})
+    res.boot_samples = boot
+    fig, ax = plt.subplots()
+    fit_figures.plot_bootstrap(ax, res, "phi", paper=(0.459, 0.41, 0.53))
+    assert ax.get_xlim()[0] > 0  # the edge at -3 does not stretch the axis
+    assert "1 at the box edge (not drawn)" in ax.get_legend().get_texts()[0].get_text()
+    plt.close(fig)

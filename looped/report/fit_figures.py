@@ -76,9 +76,15 @@ def plot_bootstrap(ax, res, param: str = "phi", paper=None, label: str = "ours")
     """Histogram of the bootstrap resamples of one parameter, with the point estimate and the
     2.5/97.5 percentile band; ``paper`` = (value, lo, hi) adds the published estimate and interval."""
 
-    samples = np.asarray(res.boot_samples)[:, LAW_PARAMS.index(param)]
+    i = LAW_PARAMS.index(param)
+    samples = np.asarray(res.boot_samples)[:, i]
     lo, hi = res.ci[param]
-    ax.hist(samples, bins=30, color=OURS_COLOR, alpha=0.55, label=f"{label}: {len(samples)} resamples")
+    # resamples that ended on the fitting box's edge carry no estimate: count them, do not let them set the axis
+    edge = np.isclose(samples, LO[i], atol=1e-6) | np.isclose(samples, HI[i], atol=1e-6)
+    if param in ("A", "B", "E"):   # the box is in log space for these
+        edge = np.isclose(np.log(samples), LO[i], atol=1e-6) | np.isclose(np.log(samples), HI[i], atol=1e-6)
+    note = f", {int(edge.sum())} at the box edge (not drawn)" if edge.any() else ""
+    ax.hist(samples[~edge], bins=30, color=OURS_COLOR, alpha=0.55, label=f"{label}: {len(samples)} resamples{note}")
     ax.axvspan(lo, hi, color=OURS_COLOR, alpha=0.12, label=f"{label} 95% interval [{lo:.2f}, {hi:.2f}]")
     ax.axvline(getattr(res, param), color=OURS_COLOR, lw=2, label=f"{label} fit {getattr(res, param):.3f}")
     if paper is not None:
