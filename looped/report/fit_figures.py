@@ -204,7 +204,8 @@ def plot_effective_size_vs_phi(ax=None, preset: str = "paper", s: float = 32, r_
     ax.set_ylim(0, 1.2)
     ax.set_xlabel("φ (r passes of the shared block count as $r^φ$ copies)")
     ax.set_ylabel("size / unique N of the plain model")
-    ax.legend(fontsize=LEGEND_FONTSIZE, loc="upper left", ncol=1, framealpha=0.9)
+    # below the axes: inside, it would cover the dotted compute-equivalent lines near the top
+    ax.legend(fontsize=LEGEND_FONTSIZE, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
     ax.grid(alpha=0.3)
     return ax
 
