@@ -153,3 +153,22 @@ def test_bootstrap_histogram_counts_box_edge_resamples_without_drawing_them():
     assert ax.get_xlim()[0] > 0  # the edge at -3 does not stretch the axis
     assert "1 at the box edge (not drawn)" in ax.get_legend().get_texts()[0].get_text()
     plt.close(fig)
+
+
+def test_the_papers_figure_2_from_its_law():
+    """Each panel holds one law curve per budget and the published minima sit close to their curve."""
+    import matplotlib.pyplot as plt
+
+    from looped.report import figures
+    from looped.studies.paper import PAPER_BUDGETS, PAPER_LAW, paper_minima
+    minima = paper_minima()
+    fig, axes = plt.subplots(2, 2)
+    figures.plot_law_iso_flop(PAPER_LAW, minima, PAPER_BUDGETS, axes)
+    for ax in axes.ravel():
+        curves = [ln for ln in ax.lines if ln.get_linestyle() == "-"]
+        stars = [ln for ln in ax.lines if ln.get_marker() == "*"]
+        assert len(curves) == len(stars) == len(PAPER_BUDGETS)
+        for curve, star in zip(curves, stars):   # the published L* is within 0.02 nats of the law at N*
+            x, y = curve.get_data()
+            assert abs(np.interp(np.log(star.get_xdata()[0]), np.log(x), y) - star.get_ydata()[0]) < 0.02
+    plt.close(fig)

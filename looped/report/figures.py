@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..accounting import flops_per_token, n_once, n_rec
 from ..config import R_VALUES, model_config
+from ..law import as_law
 from ..studies.architecture import accounting_grid
 from ..studies.paper import PAPER_PHI
 from .fit_figures import (  # noqa: F401
@@ -343,4 +345,40 @@ def plot_loss_curves(records, budget: float, axes=None, smooth: int = 5):
     handles = [Line2D([], [], color=color[s], lw=2, label=f"s = {s:g}") for s in widths]
     axes[0].figure.legend(handles=handles, loc="lower center", ncol=min(6, len(handles)) or 1,
                           fontsize=LEGEND_FONTSIZE + 1, frameon=False)
+    return axes
+
+
+def plot_law_iso_flop(law, minima, budgets, axes=None, preset: str = "paper", s_range=(3, 40)):
+    """The paper's Figure 2 redrawn from a law: for each r (one panel) and budget (one colour), the
+    law's loss against unique N over the preset's widths (D = C / FLOPs per token), with the
+    published minima (N*, L*) as stars.  `minima`: `paper_minima()` columns budget, r, n_star,
+    loss_star."""
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    law = as_law(law)
+    if axes is None:
+        _, axes = plt.subplots(2, 2, figsize=(9, 8), sharey=True)
+    axes = np.atleast_1d(axes).ravel()
+    colors = budget_colors(budgets)
+    widths = np.linspace(*s_range, 120)
+    for ax, r in zip(axes, R_VALUES):
+        cfgs = [model_config(preset, r=r, s=float(s)) for s in widths]
+        no, nr = (np.array([f(c) for c in cfgs], float) for f in (n_once, n_rec))
+        fl = np.array([flops_per_token(c) for c in cfgs], float)
+        for budget, color in colors.items():
+            ax.plot(no + nr, law.predict(no, nr, r, budget / fl), color=color, lw=1.4)
+            star = minima[(minima.r == r) & np.isclose(minima.budget, budget)]
+            ax.plot(star.n_star, star.loss_star, "*", color=color, ms=13, mec="black", mew=0.7, zorder=5)
+        ax.set_xscale("log")
+        plain_log_axis(ax.xaxis)
+        ax.set_title(f"r = {r}")
+        ax.grid(alpha=0.3, which="both")
+    for ax in axes[len(axes) // 2:]:
+        ax.set_xlabel("unique non-embedding params N")
+    for ax in axes[::2]:
+        ax.set_ylabel("loss (nats/token)")
+    handles = [Line2D([], [], color=c, lw=2, label=f"C = {power_of_ten(b)} FLOPs") for b, c in colors.items()]
+    handles.append(Line2D([], [], color="0.5", marker="*", ms=12, mec="black", ls="", label="published minimum"))
+    axes[0].figure.legend(handles=handles, loc="lower center", ncol=4, fontsize=LEGEND_FONTSIZE + 1, frameon=False)
     return axes
