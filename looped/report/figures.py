@@ -332,20 +332,31 @@ def plot_loss_curves(records, budget: float, axes=None, smooth: int = 5):
                 loss = np.convolve(loss, np.ones(smooth) / smooth, mode="valid")
                 steps = steps[smooth // 2: smooth // 2 + len(loss)]
             ax.plot(steps * rec["batch_tokens"], loss, color=color[float(rec["s"])], lw=1.3)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        plain_log_axis(ax.xaxis)
-        plain_log_axis(ax.yaxis)
-        ax.set_title(f"r = {r}")
-        ax.grid(alpha=0.3, which="both")
-    for ax in axes[len(axes) // 2:]:
-        ax.set_xlabel("training tokens seen")
-    for ax in axes[::2]:
-        ax.set_ylabel("training loss (nats)")
+        _r_panel(ax, r, ylog=True)
+    _label_grid(axes, "training tokens seen", "training loss (nats)")
     handles = [Line2D([], [], color=color[s], lw=2, label=f"s = {s:g}") for s in widths]
     axes[0].figure.legend(handles=handles, loc="lower center", ncol=min(6, len(handles)) or 1,
                           fontsize=LEGEND_FONTSIZE + 1, frameon=False)
     return axes
+
+
+def _label_grid(axes, xlabel: str, ylabel: str):
+    """Axis labels of a grid of panels: x on the bottom row, y on the left column (2 x 2 as a flat list)."""
+    for ax in axes[len(axes) // 2:]:
+        ax.set_xlabel(xlabel)
+    for ax in axes[::2]:
+        ax.set_ylabel(ylabel)
+
+
+def _r_panel(ax, r: int, ylog: bool = False):
+    """One r's panel: log N (and optionally log loss) axes with plain tick labels, a title, a grid."""
+    ax.set_xscale("log")
+    plain_log_axis(ax.xaxis)
+    if ylog:
+        ax.set_yscale("log")
+        plain_log_axis(ax.yaxis)
+    ax.set_title(f"r = {r}")
+    ax.grid(alpha=0.3, which="both")
 
 
 def plot_law_iso_flop(law, minima, budgets, axes=None, preset: str = "paper", s_range=(3, 40)):
@@ -370,14 +381,8 @@ def plot_law_iso_flop(law, minima, budgets, axes=None, preset: str = "paper", s_
             ax.plot(no + nr, law.predict(no, nr, r, budget / fl), color=color, lw=1.4)
             star = minima[(minima.r == r) & np.isclose(minima.budget, budget)]
             ax.plot(star.n_star, star.loss_star, "*", color=color, ms=13, mec="black", mew=0.7, zorder=5)
-        ax.set_xscale("log")
-        plain_log_axis(ax.xaxis)
-        ax.set_title(f"r = {r}")
-        ax.grid(alpha=0.3, which="both")
-    for ax in axes[len(axes) // 2:]:
-        ax.set_xlabel("unique non-embedding params N")
-    for ax in axes[::2]:
-        ax.set_ylabel("loss (nats/token)")
+        _r_panel(ax, r)
+    _label_grid(axes, "unique non-embedding params N", "loss (nats/token)")
     handles = [Line2D([], [], color=c, lw=2, label=f"C = {power_of_ten(b)} FLOPs") for b, c in colors.items()]
     handles.append(Line2D([], [], color="0.5", marker="*", ms=12, mec="black", ls="", label="published minimum"))
     axes[0].figure.legend(handles=handles, loc="lower center", ncol=4, fontsize=LEGEND_FONTSIZE + 1, frameon=False)
