@@ -134,3 +134,14 @@ def test_runtime_text():
     assert runtime_text(60) == "about 1 minute"
     assert runtime_text(158) == "about 2.5 minutes" and runtime_text(322) == "about 5.5 minutes"
     assert runtime_text(float("nan")) == "an unmeasured time"
+
+
+def test_edge_best_sentence_never_says_zero_cells():
+    from looped.report.study_text import edge_best_sentence
+    assert edge_best_sentence(0, 0) == "In no fitted cell is the best run the narrowest or the widest one trained."
+    assert (
+        edge_best_sentence(1, 0)
+        == "In one fitted cell the best run is the narrowest one trained, and in none the widest."
+    )
+    assert edge_best_sentence(2, 3) == "In 2 fitted cells the best run is the narrowest one trained, in 3 the widest."
+    assert all(" 0 " not in edge_best_sentence(n, w) for n in range(3) for w in range(3))

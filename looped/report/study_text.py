@@ -89,3 +89,15 @@ def cost_paragraph(gpu: bool, achieved_flops: float, peak_flops: float, smallest
             f"with the width, because at these sizes a training step is dominated by per-operation overhead rather "
             f"than arithmetic.  At the rate these runs achieve, one run of the paper's smallest budget would take "
             f"{when}; even at the matmul peak it would take {smallest_paper_run_flops / peak_flops / 86400:.0f} days.")
+
+
+def edge_best_sentence(narrowest: int, widest: int) -> str:
+    """Where the best run of a fitted iso-FLOP cell sits, said without "in 0 cells"."""
+    def cells(n):
+        return "one fitted cell" if n == 1 else f"{n} fitted cells"
+    if narrowest and widest:
+        return f"In {cells(narrowest)} the best run is the narrowest one trained, in {widest} the widest."
+    if narrowest or widest:
+        edge, other = ("narrowest", "widest") if narrowest else ("widest", "narrowest")
+        return f"In {cells(narrowest or widest)} the best run is the {edge} one trained, and in none the {other}."
+    return "In no fitted cell is the best run the narrowest or the widest one trained."
