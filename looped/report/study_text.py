@@ -7,12 +7,6 @@ import math
 
 from ..studies.registry import STUDIES
 
-CASE_STUDIES = {  # a main study -> its truncated-BPTT and hyperconnection case studies
-    "cpu-main": ("cpu-truncated", "cpu-hyper"),
-    "gpu-main": ("gpu-truncated", "gpu-hyper"),
-    "paper-main": ("paper-truncated", "paper-hyper"),
-}
-
 
 def study_label(study: str) -> str:
     """How the prose names a study: 'our CPU study' for ours, else its name and what it is."""

@@ -43,6 +43,11 @@ STUDIES = {
     "cpu-drift": ("prose", "drift", "prose"),
 }
 
+CASE_STUDIES = {  # a main study -> its truncated-BPTT and hyperconnection case studies
+    "cpu-main": ("cpu-truncated", "cpu-hyper"),
+    "gpu-main": ("gpu-truncated", "gpu-hyper"),
+    "paper-main": ("paper-truncated", "paper-hyper"),
+}
 
 class SweepError(RuntimeError):
     pass
