@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from looped.io import atomic_write_json
-from looped.report import prose, tables
+from looped.report import formatting, prose, tables
 from looped.studies import design, estimate, registry
 
 
@@ -189,7 +189,7 @@ def test_scale_comparison_reads_both_grids_and_presets():
     assert table.loc["head dimension", "ours"] == "8" and table.loc["effective depth (layers)", "paper / ours"] == 2.0
     shape = design.grid_shape("cpu-main")
     budgets = [shape.budget.min(), shape.budget.max()]
-    assert table.loc["training budget (FLOPs)", "ours"] == " to ".join(tables.power_of_ten(b) for b in budgets)
+    assert table.loc["training budget (FLOPs)", "ours"] == " to ".join(formatting.power_of_ten(b) for b in budgets)
     assert table.loc["unique non-embedding parameters", "ours"].endswith("k")   # engineering notation, no 1e+05
     assert table.loc["training budget (FLOPs)", "paper / ours"] == pytest.approx(
         (4.64e17 * 2.15e19) ** 0.5 / (budgets[0] * budgets[1]) ** 0.5, rel=1e-3)

@@ -5,21 +5,21 @@ import math
 import pandas as pd
 
 from looped.config import R_VALUES
-from looped.report import figures, prose, tables
+from looped.report import figures, formatting, prose, tables
 from looped.studies.paper import PAPER_BUDGETS
 
 
 def test_number_text_has_no_raw_floats():
-    assert tables.number_text(3e10, "budget") == "3×10¹⁰"
-    assert tables.number_text(2.15e19, "budget") == "2.15×10¹⁹"
-    assert tables.number_text(47517696.0, "n") == "47,517,696"
-    assert tables.number_text(72.0, "runs") == "72"
-    assert tables.number_text(109318.18, "n_star") == "109,318"          # not 1.093e+05
-    assert tables.number_text(0.45912, "phi") == "0.459"
-    assert tables.number_text(float("nan"), "phi") == "-"
-    assert tables.number_text(True) == "yes"
-    assert tables.power_of_ten(1e21) == "10²¹"
-    assert tables.power_of_ten(9.996e9, 3) == "10¹⁰"
+    assert formatting.number_text(3e10, "budget") == "3×10¹⁰"
+    assert formatting.number_text(2.15e19, "budget") == "2.15×10¹⁹"
+    assert formatting.number_text(47517696.0, "n") == "47,517,696"
+    assert formatting.number_text(72.0, "runs") == "72"
+    assert formatting.number_text(109318.18, "n_star") == "109,318"          # not 1.093e+05
+    assert formatting.number_text(0.45912, "phi") == "0.459"
+    assert formatting.number_text(float("nan"), "phi") == "-"
+    assert formatting.number_text(True) == "yes"
+    assert formatting.power_of_ten(1e21) == "10²¹"
+    assert formatting.power_of_ten(9.996e9, 3) == "10¹⁰"
 
 
 def test_html_table_groups_ours_and_paper():
@@ -129,7 +129,7 @@ def test_phi_profile_has_its_minimum_near_the_fitted_phi(tmp_path):
 
 
 def test_runtime_text():
-    from looped.report.tables import runtime_text
+    from looped.report.formatting import runtime_text
     assert runtime_text(25) == "under a minute"
     assert runtime_text(60) == "about 1 minute"
     assert runtime_text(158) == "about 2.5 minutes" and runtime_text(322) == "about 5.5 minutes"

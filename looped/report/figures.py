@@ -25,6 +25,7 @@ from .fit_figures import (  # noqa: F401
     plot_predicted_vs_observed,
     plot_residuals,
 )
+from .formatting import power_of_ten
 from .palette import (  # noqa: F401
     _SYMBOLS,
     BUDGET_MARKERS,
@@ -39,7 +40,6 @@ from .palette import (  # noqa: F401
     plain_log_axis,
     r_color,
 )
-from .tables import power_of_ten
 
 
 def _box(ax, x, y, w, h, text, color, fontsize=9):

@@ -13,8 +13,8 @@ from ..law import as_law, compute_optimal, effective_size_vs_phi, frontier_gaps,
 from ..solver import HI, LAW_PARAMS, LO
 from ..studies.paper import PAPER_PHI, PAPER_PHI_CI
 from ..studies.phi_fits import rmse_at_phi
+from .formatting import power_of_ten
 from .palette import _SYMBOLS, LEGEND_FONTSIZE, OURS_COLOR, PAPER_COLOR, budget_markers, plain_log_axis, r_color
-from .tables import power_of_ten
 
 
 def _scatter_by_r_and_budget(ax, runs, x, y, marks):

@@ -11,7 +11,7 @@ from functools import lru_cache
 import pandas as pd
 
 from ..studies.registry import GRID_FILES
-from .tables import eng
+from .formatting import eng
 
 # one colour per r (colour-blind safe, Okabe-Ito): the plain model dark grey, looped models
 # blue, green, vermillion in order of r

@@ -1,13 +1,15 @@
-"""Tables for the book: numbers formatted for reading, as text or as HTML.
+"""Tables for the book: one `Table` object per table, HTML for the reader, text for nbval.
 
-`html_table` renders a DataFrame as an HTML table (pandas Styler) with readable headers,
-grouped "ours | paper" columns and a number format per column; `format_table` prints the same
-precisions as text; `params_comparison` lays a fit beside published values.
+A chapter builds each table once, as a DataFrame, and shows it as a `Table`: the reader sees the
+HTML (readable headers, grouped "ours | paper" columns, numbers formatted by
+`looped.report.formatting`, no index column unless it names the rows); nbval compares the text
+form, in which the exact columns print as shown and the fitted ones print as checks against the
+references recorded with the chapter (`looped.report.checks.checked`), so the text is identical on
+every machine where the check passes.  The builders below turn study tables into DataFrames.
 """
 from __future__ import annotations
 
 import hashlib
-import math
 
 import numpy as np
 import pandas as pd
@@ -16,51 +18,103 @@ from ..config import get_preset
 from ..solver import LAW_PARAMS
 from ..studies.analysis import study_learning_rates, study_plan
 from ..studies.registry import STUDIES
+from .checks import checked
+from .formatting import cell_text, eng, number_text, power_of_ten, short_number, span
+
+HTML_MARK = "<!-- looped-table -->"   # the nbval sanitizer hides the HTML between two marks: the text is checked
+MAX_WIDTH_CHARS = 100                  # a table wider than this (in characters at the book's font) gets clipped
 
 
-def eng(x: float, digits: int = 3) -> str:
-    """A count in engineering notation for tables: 1370000 -> '1.37M'."""
-    if x is None or x != x:
-        return "-"
-    for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
-        if abs(x) >= div:
-            return f"{x / div:.{digits}g}{suffix}"
-    return f"{x:.{digits}g}"
+class Table:
+    """A table the reader sees as HTML and nbval checks as text; built once from ``frame``.
+
+    ``tolerances`` (column -> absolute tolerance or '5%') names the fitted columns: they are
+    checked against the references recorded under ``check`` ('chapter/cell') when the table is
+    built (a number out of tolerance raises, so the cell fails), and the text prints the check
+    instead of the number.  A checked number is named '<row> <column>', the row by its ``label``
+    column or its index (a single-row table without a label: the column alone).  ``notes`` are
+    exact facts (counts, flags) added to the text.  ``active=False`` (a papermill run with other
+    parameters) judges nothing.  ``styles`` adds CSS rules; the other arguments shape the HTML as in
+    `html_table`."""
+
+    def __init__(self, frame: pd.DataFrame, caption: str | None = None, *, headers: dict | None = None,
+                 formats: dict | None = None, pairs: bool | tuple = False, index: bool | None = None,
+                 check: str | None = None, tolerances: dict | None = None, label: str | None = None,
+                 notes: tuple | list = (), active: bool = True, styles: list | None = None):
+        self.frame, self.caption = frame, caption
+        self.styler = html_table(frame, headers=headers, caption=caption, index=index, formats=formats, pairs=pairs)
+        if styles:   # extra CSS rules for this table (e.g. column widths), as pandas' set_table_styles takes them
+            self.styler = self.styler.set_table_styles(styles, overwrite=False)
+        shown, fmt, originals = _readable(frame, headers, formats, pairs)
+        self.show_index = not (index is False or (index is None and _plain_index(frame)))
+        self.cells = pd.DataFrame({c: [fmt[c](v) for v in shown[c]] for c in shown.columns}, index=shown.index)
+        tolerances = tolerances or {}
+        exact = [c for c, orig in zip(shown.columns, originals) if orig not in tolerances]
+        lines = [caption] if caption else []
+        if exact:
+            lines.append(self.cells[exact].to_string(index=self.show_index))
+        if tolerances:
+            if not check:
+                raise ValueError("a table with fitted columns needs a check key 'chapter/cell'")
+            measured, tol = {}, {}
+            for i, (_, row) in enumerate(frame.iterrows()):
+                for col, t in tolerances.items():
+                    single = len(frame) == 1 and label is None
+                    name = col if single else f"{row[label] if label else frame.index[i]} {col}"
+                    measured[name], tol[name] = row[col], t
+            lines.append(checked(check, measured, tol, active=active))
+        lines.extend(notes)
+        self.text = "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return self.text
+
+    def _repr_html_(self) -> str:
+        return HTML_MARK + self.styler.to_html() + HTML_MARK.replace("<!-- ", "<!-- /")
+
+    def width_chars(self) -> int:
+        """The table's width in characters: per column the longer of its widest cell and the
+        longest word of its header (headers wrap at spaces), plus two for the padding."""
+        cols = [(" ".join(map(str, c)) if isinstance(c, tuple) else str(c), self.cells[c]) for c in self.cells.columns]
+        if self.show_index:
+            cols.append((str(self.cells.index.name or ""), pd.Series(map(str, self.cells.index))))
+        return sum(max([len(w) for w in name.split()] + [len(str(v)) for v in values] + [1]) + 2
+                   for name, values in cols)
 
 
-def short_number(v: float) -> str:
-    """3 significant digits without an exponent below 10^5: 4.72, 58.1, 1240."""
-    return f"{v:.3g}" if v < 100 else f"{v:.0f}"
+def _plain_index(df) -> bool:
+    return isinstance(df.index, pd.RangeIndex) and df.index.start == 0 and df.index.step == 1
 
 
-def span(values, fmt=eng) -> str:
-    """'lo-hi' of a column (one value if they coincide)."""
-    lo, hi = min(values), max(values)
-    return fmt(lo) if fmt(lo) == fmt(hi) else f"{fmt(lo)}-{fmt(hi)}"
+def _readable(df, headers=None, formats=None, pairs=False):
+    """``df`` with readable column names, the formatter of each (renamed) column, and the
+    original column name (the last level of a grouped one) of each."""
+    names = {**HEADERS, **(headers or {})}
+    if pairs:
+        table = group_pairs(df, tuple(pairs)) if isinstance(pairs, (tuple, list)) else group_pairs(df)
+    else:
+        table = df.copy()
+    originals = list(df.columns)
+    formats = formats or {}
+    fmt = {}
+    for col in table.columns:
+        key = col if col in formats else (col[-1] if isinstance(col, tuple) and col[-1] in formats else None)
+        f = formats.get(key) if key is not None else None
+        fmt[col] = (f.format if isinstance(f, str) else f) or (lambda v, c=col: number_text(v, c))
 
+    def readable(c):
+        return names.get(c, str(c).replace("_", " ")) if c != "" else ""
 
-def cell_text(col: str, v) -> str:
-    """The printed precision of one table cell, chosen by its column name (stable across machines:
-    the weakly identified A and B get three significant digits, exponents, E and phi three
-    decimals, R^2 four)."""
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "-"
-    if isinstance(v, str):
-        return v
-    if isinstance(v, (bool,)):
-        return str(v)
-    base = col.split("_lo")[0].split("_hi")[0].split(" ")[0]
-    if base in ("A", "B"):
-        return f"{float(v):.3g}"
-    if base in ("r2", "R^2", "R2"):
-        return f"{float(v):.4f}"
-    if base in ("huber", "huber_x1e5"):
-        return f"{float(v):.3g}"
-    if base in ("n_runs", "n", "r", "runs", "cells", "pairs"):
-        return f"{int(v)}"
-    if base in ("budget", "budgets"):
-        return f"{float(v):.3g}"
-    return f"{float(v):.3f}"
+    if isinstance(table.columns, pd.MultiIndex):
+        new = pd.MultiIndex.from_tuples([tuple(readable(x) for x in c) for c in table.columns])
+        fmt = {tuple(readable(x) for x in c): fmt[c] for c in table.columns}
+    else:
+        new = [readable(c) for c in table.columns]
+        fmt = {readable(c): fmt[c] for c in table.columns}
+    table.columns = new
+    if table.index.name in names:
+        table.index.name = names[table.index.name]
+    return table, fmt, originals
 
 
 def law_row(res, ci: bool = True) -> dict:
@@ -160,60 +214,12 @@ HEADERS = {  # readable names of the column names used across the package
     "tokens_per_param": "D/N", "loss": "loss (nats)", "r2": "R²", "phi": "φ", "alpha": "α", "beta": "β",
     "n_runs": "runs", "flops_per_token": "FLOPs/token", "mean_gap": "mean gap", "delta": "Δ loss (nats)",
 }
-_SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
 
 
-def runtime_text(seconds: float) -> str:
-    """A chapter's execution time as the intro's map states it: 'under a minute' or 'about N
-    minutes' (to the nearest half minute)."""
-    if not seconds == seconds or seconds < 0:
-        return "an unmeasured time"
-    if seconds < 60:
-        return "under a minute"
-    half = round(seconds / 30) / 2
-    return f"about {half:g} minute" + ("" if half == 1 else "s")
 
 
-def power_of_ten(v: float, digits: int = 3) -> str:
-    """A number as mantissa x 10^k with a superscript exponent: 3e10 -> '3×10¹⁰', 2.15e19 -> '2.15×10¹⁹'."""
-    if v == 0:
-        return "0"
-    k = math.floor(math.log10(abs(v)))
-    m = float(f"{v / 10 ** k:.{digits}g}")
-    if abs(m) >= 10:
-        m, k = m / 10, k + 1
-    mant = f"{m:g}"
-    return (f"{mant}×" if mant != "1" else "") + "10" + str(k).translate(_SUPERSCRIPT)
 
 
-def number_text(v, column: str = "") -> str:
-    """One cell for an HTML table: '-' for missing, yes/no for booleans, budgets and FLOPs as powers
-    of ten, whole numbers with thousands separators (47,517,696), the law's parameters with the
-    precision of `cell_text`, other numbers to four significant digits (whole from 1e4) without an
-    exponent between 1e-3 and 1e6."""
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "-"
-    if isinstance(v, (bool,)) or type(v).__name__ == "bool_":
-        return "yes" if v else "no"
-    if isinstance(v, str):
-        return v
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        return str(v)
-    name = str(column[-1] if isinstance(column, tuple) else column)
-    base = name.split("_lo")[0].split("_hi")[0]
-    if "budget" in name or name.startswith("flops") or name.endswith("flops"):
-        return power_of_ten(x, 4)
-    if base in LAW_PARAMS or base in ("r2", "R^2", "huber"):
-        return cell_text(base, x)
-    if x.is_integer() and abs(x) < 1e15:
-        return f"{int(x):,}"
-    if abs(x) >= 1e6 or abs(x) < 1e-3:
-        return power_of_ten(x, 4)
-    if abs(x) >= 1e4:   # '{:.4g}' would print 1.093e+05; a whole number reads better
-        return f"{x:,.0f}"
-    return f"{x:.4g}"
 
 
 def group_pairs(df, suffixes=("ours", "paper")):
@@ -242,37 +248,16 @@ def html_table(df, headers: dict | None = None, caption: str | None = None, inde
     grouped headers.  Every cell is formatted by
     `number_text` unless ``formats`` gives a format string or function for its column.  The
     index is shown unless it is a plain 0..n-1 range (``index`` overrides)."""
-    names = {**HEADERS, **(headers or {})}
-    if pairs:
-        table = group_pairs(df, tuple(pairs)) if isinstance(pairs, (tuple, list)) else group_pairs(df)
-    else:
-        table = df.copy()
-    formats = formats or {}
-    fmt = {}
-    for col in table.columns:
-        key = col if col in formats else (col[-1] if isinstance(col, tuple) and col[-1] in formats else None)
-        f = formats.get(key) if key is not None else None
-        fmt[col] = (f.format if isinstance(f, str) else f) or (lambda v, c=col: number_text(v, c))
-
-    def readable(c):
-        return names.get(c, str(c).replace("_", " ")) if c != "" else ""
-
-    if isinstance(table.columns, pd.MultiIndex):
-        new = pd.MultiIndex.from_tuples([tuple(readable(x) for x in c) for c in table.columns])
-        fmt = {tuple(readable(x) for x in c): fmt[c] for c in table.columns}
-    else:
-        new = [readable(c) for c in table.columns]
-        fmt = {readable(c): fmt[c] for c in table.columns}
-    table.columns = new
-    if table.index.name in names:
-        table.index.name = names[table.index.name]
+    table, fmt, _ = _readable(df, headers, formats, pairs)
     digest = hashlib.md5((str(caption) + table.to_csv()).encode()).hexdigest()[:8]
     styler = table.style.format(fmt).set_uuid(f"looped{digest}")   # stable ids: reruns change no HTML
-    plain_index = isinstance(df.index, pd.RangeIndex) and df.index.start == 0 and df.index.step == 1
-    if index is False or (index is None and plain_index):
+    if index is False or (index is None and _plain_index(df)):
         styler = styler.hide(axis="index")
     if caption:
         styler = styler.set_caption(caption)
+    words = [c for c in table.columns if table[c].map(lambda v: isinstance(v, str)).all()]
+    if words:   # numbers are right-aligned, words read from the left
+        styler = styler.set_properties(subset=words, **{"text-align": "left"})
     return styler.set_table_styles([
         {"selector": "", "props": "border-collapse: collapse; font-size: 0.85em; margin: 0.5em 0;"},
         {"selector": "th", "props": "text-align: center; padding: 0.25em 0.6em; border-bottom: 1px solid #999;"},
@@ -323,7 +308,6 @@ def scale_comparison(ours: str = "cpu-main", paper: str = "paper-main") -> pd.Da
     the ratio of the geometric means of its ends)."""
     plans = {name: study_plan(name) for name in (paper, ours)}
     presets = {name: get_preset(STUDIES[name][2]) for name in (paper, ours)}
-    from .tables import eng, power_of_ten
     whole = lambda x: f"{int(x):,}"
     rows = []
     for quantity, values, fmt in (
