@@ -15,6 +15,7 @@ data/sources/ (gitignored; $LOOPED_SOURCES overrides it) and checks their sha256
 SWORD modules are zlib blocks; the R data is XDR serialisation), strips markup, deduplicates and
 returns whole source documents (a Bible or commentary chapter, a novel's chapter, a Wikipedia
 article or passage) as lists of paragraphs.  `looped.data` tokenizes and packs them.
+`datasets` and `pyarrow` are imported only for the hub corpora (GPU boxes), never for the embedded one.
 """
 from __future__ import annotations
 

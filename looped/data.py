@@ -16,6 +16,7 @@ here on the training plays only (the `prose` preset reads the larger prose corpu
     Dataset(path).rows("train", i * R, R)  ->  LongTensor (R, T+1) for optimizer step i
 
 Torch is imported only when rows are read.
+torch is imported only by the GPU loader, so preparing data needs no torch.
 """
 from __future__ import annotations
 

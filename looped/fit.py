@@ -21,18 +21,15 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
+import pandas as pd
+import scipy
 
 from . import records
 from .io import atomic_write_bytes
 from .law import FitError, Law
 from .solver import HI, LAW_PARAMS, LO, THETA_PARAMS, RunArrays, law_loss, random_starts, solve_restarts
-
-if TYPE_CHECKING:
-    import pandas as pd
-
 
 REQUIRED = ("r", "n_once", "n_rec", "tokens", "loss")
 
@@ -67,8 +64,6 @@ def load_runs(path) -> "pd.DataFrame":
     dropped with a warning.  Raises FitError (one line) for unreadable input, missing columns
     or non-positive / non-finite values.
     """
-    import pandas as pd
-
     p = Path(path)
     if not p.exists():
         raise FitError(f"{p}: no such file or directory")
@@ -93,8 +88,6 @@ def load_runs(path) -> "pd.DataFrame":
 
 
 def validate_runs(df, where: str = "runs"):
-    import pandas as pd
-
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
         raise FitError(f"{where}: missing column(s) {', '.join(missing)}")
@@ -240,8 +233,6 @@ def _cache_file(df, arguments: dict) -> Path | None:
     folder = os.environ.get(CACHE_ENV)
     if not folder:
         return None
-    import pandas as pd
-    import scipy
     key = hashlib.sha256(f"numpy {np.__version__} scipy {scipy.__version__}".encode())
     for source in (Path(__file__), Path(__file__).with_name("solver.py")):
         key.update(source.read_bytes())

@@ -1,10 +1,14 @@
 """Atomic writes: a reader (or a restarted sweep) sees the old file or the new one, never half of one."""
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
 from contextlib import contextmanager
 from pathlib import Path
+
+import numpy as np
 
 
 @contextmanager
@@ -35,10 +39,7 @@ def atomic_write_json(path, obj, **dump_kw):
 def json_ready(x):
     """Numbers as JSON can hold them: tables (anything with ``to_dict``) as lists of records,
     dataclasses as dicts, numpy scalars and arrays as Python, NaN and infinities as null."""
-    import dataclasses
-    import math
 
-    import numpy as np
     if hasattr(x, "to_dict") and hasattr(x, "columns"):
         return json_ready(x.to_dict(orient="records"))
     if dataclasses.is_dataclass(x) and not isinstance(x, type):

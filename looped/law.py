@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
 
 import numpy as np
+import pandas as pd
+from scipy.optimize import brentq, minimize_scalar
 
 from . import accounting as acc
-from .config import R_VALUES, model_config
+from .config import R_VALUES, get_preset, model_config
 from .solver import LAW_PARAMS
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 
 class FitError(ValueError):
@@ -103,7 +101,6 @@ def residual_cells(law, df) -> "pd.DataFrame":
 
 def config_at_width(preset, r: int, d: float, injection=None, bptt_k=None):
     """The preset's iso-depth model at a continuous width d (for interpolating the accounting)."""
-    from dataclasses import replace
     return replace(model_config(preset, r=r, s=10, injection=injection, bptt_k=bptt_k), d_model=d, s=None)
 
 
@@ -127,7 +124,6 @@ def effective_sizes(preset="paper", r: int = 4, s: float = 32, *, phi: float,
     only (the paper's worked example, (2+4+2)/20 and (4 + 4^phi 4)/20): the exact figures also
     include the 2d^2 injection in N_rec and the model norms.
     """
-    from scipy.optimize import brentq
 
     cfg = model_config(preset, r=r, s=s, injection=injection, bptt_k=bptt_k)
     plain = model_config(preset, r=1, s=s)
@@ -160,8 +156,6 @@ def effective_size_vs_phi(preset: str = "paper", s: float = 32, r_values=(2, 4, 
     """Sizes of the r-loop sibling of the plain model at width s, as fractions of the plain
     model's unique N, for a range of phi: unique (phi-free), loss-equivalent N_once + r^phi N_rec,
     compute-equivalent (the plain model with the same training FLOPs per token, phi-free)."""
-    import numpy as np
-    import pandas as pd
     phis = np.linspace(0.0, 1.0, 101) if phis is None else np.asarray(phis, float)
     rows = []
     for r in r_values:
@@ -180,8 +174,6 @@ def compute_optimal(law, preset="paper", r=R_VALUES, *, budgets, s_grid=None,
     F = accounting.flops_per_token of that architecture (injection / bptt_k passed through; a
     per-r bptt_k may be given as a callable r -> k).  Returns the grid argmin (s, d_model, n, n_once,
     n_rec, tokens, loss, tokens_per_param) and a parabola-in-log-N refinement (n_star, loss_star)."""
-    import pandas as pd
-
     rs = [r] if np.isscalar(r) else list(r)
     budgets = list(budgets)
     s_grid = np.arange(2, 160, 1.0) if s_grid is None else np.asarray(s_grid, float)
@@ -228,8 +220,6 @@ def compute_optimal_frontier(law, preset="paper", r=R_VALUES, *, budgets,
     n_star (unique non-embedding params), n_once, n_rec, n_eff, tokens_star (= C / F),
     tokens_per_param (D* / N*), flops_per_token (training, F), loss_star, at_edge (the optimum
     hit d_bounds)."""
-    import pandas as pd
-    from scipy.optimize import minimize_scalar
 
     p = as_law(law)
     rs = [r] if np.isscalar(r) else list(r)
@@ -270,8 +260,6 @@ def compute_optimal_for_loss(law, target: float, preset="paper", r=R_VALUES, inj
     """For each r, the compute-optimal model (on `compute_optimal_frontier`) whose predicted loss
     equals `target`: the smallest training budget that reaches it, and that model.  Raises
     FitError when the target is at or below the law's floor E or outside budget_bounds."""
-    import pandas as pd
-    from scipy.optimize import brentq
 
     p = as_law(law)
     if not target > p.E:
@@ -310,9 +298,6 @@ def equal_loss_models(law, targets, preset: str = "paper", r_values=R_VALUES):
     training context); kv_per_token = 2 x effective depth x d cached values (every recurrence
     keeps its own keys and values).  The columns ending in ``_ratio`` divide by the r = 1 model
     of the same target."""
-    import pandas as pd
-
-    from .config import get_preset
     p = get_preset(preset)
     vocab = model_config(preset, r=1, s=p.ref_s).padded_vocab
     out = []

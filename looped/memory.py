@@ -23,6 +23,7 @@ coefficients from it, so a model change (a fused or chunked logits tail, a fused
 `python -m looped.memory --calibrate` away from a new prediction; the tests compare prediction
 and measurement on the live model.  The measurement is eager: torch.compile usually needs less
 (fused elementwise chains save fewer tensors), so on a GPU the prediction is an upper bound.
+torch is imported inside the functions that measure, so a dry run's prediction needs no torch.
 """
 from __future__ import annotations
 
@@ -32,8 +33,11 @@ import os
 import sys
 from dataclasses import asdict, dataclass
 
+import numpy as np
+from scipy.optimize import nnls
+
 from . import accounting
-from .config import ModelConfig
+from .config import ModelConfig, model_config
 
 GB = 1e9
 
@@ -272,9 +276,7 @@ CALIBRATION_CONFIGS = [  # (label, model_config kwargs): each isolates one coeff
 
 def calibrate(seq_len: int = 256, dtype="bf16", log=print) -> Coefficients:
     """Refit the coefficients to FakeTensor measurements of the live model (paper preset)."""
-    import numpy as np
 
-    from .config import model_config
     key = _dtype_key(dtype)
     rows_X, rows_y = [], []
     names = [f for f in Coefficients.__dataclass_fields__]
@@ -288,7 +290,6 @@ def calibrate(seq_len: int = 256, dtype="bf16", log=print) -> Coefficients:
         log(f"{label:>18}: {per_row / seq_len:10.0f} B/token measured")
     X, y = np.array(rows_X), np.array(rows_y)
     # no_grad_block and the injection terms are small; non-negative least squares keeps them >= 0
-    from scipy.optimize import nnls
     coef, _ = nnls(X / y[:, None], np.ones_like(y))  # relative error
     out = Coefficients(**{n: round(float(c), 1) for n, c in zip(names, coef)})
     log(json.dumps(asdict(out)))
@@ -311,7 +312,6 @@ def main(argv=None) -> int:
     if a.calibrate:
         calibrate(a.seq_len, a.dtype)
         return 0
-    from .config import model_config
     cfg = model_config(a.preset, r=a.r, s=a.size, injection=a.injection, bptt_k=a.bptt_k)
     m = auto_micro_batch(cfg, a.rows, a.device_memory, a.dtype)
     p = predict_peak(cfg, m, a.dtype)

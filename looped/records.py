@@ -3,15 +3,15 @@
 A record is what `looped.train.train` writes; a folder of them is a study.  `iter_records` is
 the one place record files are opened: `read_records` (the study table) and the fitter's
 `looped.fit.load_runs` (through `flat_record`) both read through it.
+`fcntl` (POSIX only) is imported where a running run's lock is probed.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator
 
-if TYPE_CHECKING:
-    import pandas as pd
+import pandas as pd
 
 
 class RecordError(ValueError):
@@ -85,8 +85,6 @@ def flat_record(rec: dict) -> dict:
 
 def read_records(folder: str | Path) -> "pd.DataFrame":
     """All run records of a folder as one table (every status; unreadable files reported)."""
-    import pandas as pd
-
     folder = Path(folder)
     if not folder.is_dir():
         raise RecordError(f"{folder} is not a folder of run records")

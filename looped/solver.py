@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.optimize import minimize
+from scipy.special import huber, logsumexp
 
 THETA_PARAMS = ("a", "alpha", "b", "beta", "e", "phi")    # optimisation coordinates (log A, ..., log E)
 LAW_PARAMS = ("A", "alpha", "B", "beta", "E", "phi")      # the law's parameters, reported in natural units
@@ -71,7 +73,6 @@ class RunArrays:
 def objective_reference(theta, data: RunArrays, delta: float = HUBER_DELTA) -> float:
     """The fit objective at one theta = (log A, alpha, log B, beta, log E, phi), written plainly:
     the summed Huber loss between the law's log-loss and the observed log-loss."""
-    from scipy.special import huber, logsumexp
 
     a, alpha, b, beta, e, phi = theta
     n_eff = data.n_once + np.exp(phi * data.logr) * data.n_rec       # N_once + r^phi N_rec
@@ -271,7 +272,6 @@ def batched_solve(theta0: np.ndarray, data: RunArrays, weights: np.ndarray | Non
 def lbfgsb(theta0: np.ndarray, data: RunArrays, weights: np.ndarray | None, free: np.ndarray,
             options: dict | None = None):
     """One scipy L-BFGS-B solve over the free parameters (analytic gradient); returns (theta, f, nit)."""
-    from scipy.optimize import minimize
 
     fi = np.flatnonzero(free)
     base = np.clip(np.asarray(theta0, float), LO, HI)

@@ -1,6 +1,7 @@
 """Tokenizers: ours (a byte-level BPE trained on the training split), the paper's Llama-2 BPE,
 and GPT-2's, all behind one small interface: `.encode_batch(texts)` -> ids (no BOS added),
 `.decode(ids)`, `.bos_id`, `.vocab_size`, `.save(dir)` and a `.provenance` line for meta.json.
+Each tokenizer library is imported only when that tokenizer is used (all are optional).
 """
 from __future__ import annotations
 

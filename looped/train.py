@@ -8,8 +8,7 @@ forward and backward compiled by torch.compile (inductor) and the optimizers bat
 tensors; `compile=False` (`--no-compile`) is the plain eager reference with the same maths, and
 where inductor cannot compile the run falls back to it.  On a GPU the micro-batch starts at
 looped.memory's prediction and halves on out-of-memory.  Checkpoints (looped.checkpoint) and
-records are written atomically, so a killed run loses at most one checkpoint interval.
-"""
+records are written atomically, so a killed run loses at most one checkpoint interval."""
 from __future__ import annotations
 
 import argparse
@@ -19,6 +18,7 @@ import json
 import math
 import platform
 import random
+import resource
 import subprocess
 import sys
 import time
@@ -26,10 +26,12 @@ from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy
 import torch
 import torch.distributed as dist
+from tqdm.auto import tqdm
 
-from . import accounting, data, memory, optim
+from . import __version__, accounting, data, memory, optim
 from .checkpoint import Cadence, load_checkpoint, save_checkpoint
 from .config import REPO, ConfigError, get_preset
 from .dist import Dist, prepare_once
@@ -60,9 +62,6 @@ def git_commit() -> str | None:
 
 
 def versions() -> dict:
-    import numpy
-
-    from . import __version__
     return {"python": platform.python_version(), "torch": torch.__version__, "numpy": numpy.__version__,
             "looped": __version__}
 
@@ -133,7 +132,6 @@ def peak_memory_bytes(device: torch.device) -> tuple[int, str]:
     largest run so far, not this run's own."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device)), "run"
-    import resource
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "process"  # Linux: KiB
 
 
@@ -265,7 +263,6 @@ def train(tc: TrainConfig) -> dict:
 
     flops_per_token = accounting.flops_per_token(cfg)
     peak = tc.peak_flops or device_peak_flops(dd.device)
-    from tqdm.auto import tqdm
     bar = tqdm(total=steps, initial=start, disable=tc.quiet or not dd.main, unit="step",
                desc=run_id(tc) if tc.budget or tc.steps else "train", dynamic_ncols=True)
 

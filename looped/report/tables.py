@@ -97,8 +97,8 @@ def _readable(df, headers=None, formats=None, pairs=False):
     originals = list(df.columns)
     formats = formats or {}
     fmt = {}
-    for col in table.columns:
-        key = col if col in formats else (col[-1] if isinstance(col, tuple) and col[-1] in formats else None)
+    for col, orig in zip(table.columns, originals):   # a format is found by the original or the shown name
+        key = next((k for k in (orig, col, col[-1] if isinstance(col, tuple) else None) if k in formats), None)
         f = formats.get(key) if key is not None else None
         fmt[col] = (f.format if isinstance(f, str) else f) or (lambda v, c=col: number_text(v, c))
 
@@ -188,19 +188,18 @@ def params_comparison(res, paper: dict, paper_ci: dict | None = None, ci: bool =
 
 
 def iso_flop_display(cells):
-    """``iso_flop_cells`` rounded for printing: runs finished/planned, the best run's width, the
-    vertex (N*, L*, tokens per param) of the cells that bracket their minimum, and the flag."""
+    """``iso_flop_cells`` for the reader: runs finished/planned, the best run's width and where it
+    sits, the vertex (N*, L*, tokens per param; NaN unless the cell brackets its minimum) and the
+    verdict.  Numbers stay numbers; the chapter's `Table` gives the fitted ones their digits."""
     rows = []
     for c in cells.itertuples():
         fitted = bool(c.fitted)
         vertex = fitted and bool(c.opens_up) and bool(c.inside)
         rows.append({
-            "budget": f"{c.budget:.3g}", "r": c.r, "runs": f"{c.finished}/{c.planned}",
-            "best s": "-" if c.finished == 0 else f"{c.best_s:g}",
+            "budget": c.budget, "r": c.r, "runs": f"{c.finished}/{c.planned}",
+            "best s": float("nan") if c.finished == 0 else c.best_s,
             "best run at": c.best_at if isinstance(c.best_at, str) else "-",
-            "N*": eng(c.n_star) if vertex else "-",
-            "L*": f"{c.loss_star:.3f}" if vertex else "-",
-            "D*/N*": short_number(c.tokens_per_param) if vertex else "-",
+            **{k: getattr(c, k) if vertex else float("nan") for k in ("n_star", "loss_star", "tokens_per_param")},
             "bracketed": ("yes" if (c.inside and c.opens_up) else "no") if fitted else "skipped (< 3 runs)",
         })
     return pd.DataFrame(rows)
@@ -270,17 +269,16 @@ def plan_summary(table):
     """One row per budget of a study plan: widths, model sizes, tokens, steps, tokens/param.
 
     Ranges run over the widths of the budget (and over r where marked); N is unique
-    non-embedding parameters, D training tokens per run.
+    non-embedding parameters, D training tokens per run.  The run count and d_model (a fixed
+    multiple of s) are left to the caption and the text: the table has to fit the page.
     """
     rows = []
     for budget, g in table.groupby("budget", sort=True):
         plain = g[g.r == g.r.min()]
         deepest = g[g.r == g.r.max()]
         rows.append({
-            "budget C": f"{budget:.3g}",
-            "runs": len(g),
+            "budget": budget,
             "widths s": ", ".join(f"{s:g}" for s in sorted(g.s.unique())),
-            "d_model": span(g.d_model, lambda v: f"{int(v)}"),
             f"N (r={int(plain.r.iloc[0])})": span(plain.n),
             f"N (r={int(deepest.r.iloc[0])})": span(deepest.n),
             "D per run": span(g.tokens),
@@ -296,7 +294,7 @@ def learning_rate_summary(studies=("paper-main", "cpu-main")):
     for study in studies:
         lr = study_learning_rates(study)
         for budget, g in lr.groupby("budget", sort=True):
-            rows.append({"study": study, "budget": f"{budget:.3g}",
+            rows.append({"study": study, "budget": budget,
                          **{k: span(g[k], lambda v: f"{v:.4f}") for k in ("matrix", "embedding", "head", "norm")}})
     return pd.DataFrame(rows)
 

@@ -8,11 +8,15 @@ Torch is imported only by the functions that build models.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
+import torch
 
 from .. import accounting as acc
 from ..config import R_VALUES, get_preset, model_config
+from ..model import LoopedGPT
 from .paper import PAPER_PHI, paper_table
 
 
@@ -75,9 +79,7 @@ def table6_comparison():
 def live_parameter_check(preset: str = "tiny", s: float = 4, r_values=R_VALUES,
                          injections=("linear", "additive", "passthrough", "hyperconnect")):
     """Build each model for real and compare its parameter count with the accounting's N."""
-    import torch
 
-    from ..model import LoopedGPT
     rows = []
     torch.manual_seed(0)
     for r in r_values:
@@ -104,11 +106,8 @@ def init_invariance(preset: str = "tiny", s: float = 4, r: int = 4, seed: int = 
     With W = [I | 0] every recurrence reads only e, so all recurrences compute the same thing
     and r is invisible at initialisation.
     """
-    from dataclasses import replace
 
-    import torch
 
-    from ..model import LoopedGPT
     torch.manual_seed(seed)
     cfg = model_config(preset, r=r, s=s, injection="linear")
     many = LoopedGPT(cfg).eval()
@@ -128,11 +127,8 @@ def truncation_check(preset: str = "tiny", s: float = 4, r: int = 8, k: int = 4,
     requires grad.  Returns (table with columns step, gets_gradient; the absolute difference
     between the two models' losses, which should be 0: truncation leaves the forward pass alone).
     """
-    from dataclasses import replace
 
-    import torch
 
-    from ..model import LoopedGPT
     torch.manual_seed(seed)
     cfg = model_config(preset, r=r, s=s, bptt_k=k)
     trunc = LoopedGPT(cfg)
@@ -160,9 +156,7 @@ def hyperconnection_check(preset: str = "tiny", s: float = 4, r: int = 4, lanes:
     K (e + s_0 + ... + s_{r-1}).  Returns (table with columns step, reads_lane, max_abs_diff;
     the largest absolute difference between the coda's input and K times e plus all states).
     """
-    import torch
 
-    from ..model import LoopedGPT
     torch.manual_seed(seed)
     cfg = model_config(preset, r=r, s=s, injection="hyperconnect", lanes=lanes)
     m = LoopedGPT(cfg).eval()
@@ -185,23 +179,24 @@ def hyperconnection_check(preset: str = "tiny", s: float = 4, r: int = 4, lanes:
 
 
 def preset_comparison(names=("paper", "cpu")):
-    """The knobs of two presets side by side (rows: depth, width rule, heads, T, vocab, batch)."""
+    """The knobs of two presets side by side (rows: depth, width rule, heads, T, vocab, batch), one
+    column per preset after the column ``setting`` (short cells: the table fits a book page)."""
 
     out = {}
     for name in names:
         p = get_preset(name)
         out[name] = {
-            "layers (prelude + loop + coda)": f"{p.n_prelude} + {p.loop_depth} + {p.n_coda} = {p.effective_depth}",
+            "prelude + loop + coda": f"{p.n_prelude} + {p.loop_depth} + {p.n_coda} = {p.effective_depth} layers",
             "d_model": f"{p.width_per_s} s, rounded up to a multiple of {p.width_round}",
-            "attention heads": f"d / {p.head_dim} (one head of dim d below d = {p.head_dim})",
+            "attention heads": f"d / {p.head_dim}, at least one",
             "sequence length T": f"{p.seq_len:,}",
             "vocabulary (padded)": f"{p.vocab_size:,} ({-(-p.vocab_size // p.vocab_pad) * p.vocab_pad:,})",
-            "tokens per optimizer step": f"{p.batch_tokens:,} ({p.batch_tokens // p.seq_len} rows)",
+            "tokens per step": f"{p.batch_tokens:,} ({p.batch_tokens // p.seq_len} rows)",
             "HyperP reference width": f"s = {p.ref_s:g} (d = {model_config(p, r=1, s=p.ref_s).d_model})",
             "validation tokens": f"{p.eval_tokens:,}",
             "learning rates": "HyperP's transfer" if p.lr_scale == 1 else f"{p.lr_scale:g} x HyperP's transfer",
         }
-    return pd.DataFrame(out)
+    return pd.DataFrame(out).rename_axis("setting").reset_index()
 
 
 def flops_shares(preset: str = "cpu", s_values=(1, 2, 4, 6), r: int = 1):

@@ -3,6 +3,7 @@
 `bench train` times the real training step (forward, backward, MuonH + AdamW) of the CPU
 preset at a few widths and divides the accounting's model FLOP/s by a matmul peak measured
 in the same process, so the MFU ratio is meaningful on a noisy shared machine.
+torch is imported inside the training benchmarks only, so `bench fit` starts without it.
 """
 from __future__ import annotations
 
@@ -158,7 +159,6 @@ def speedups(rows) -> dict[tuple[float, int], float]:
 
 
 def bench_train(argv) -> int:
-
     import torch
 
 

@@ -15,6 +15,8 @@ fitting chapter).
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 
@@ -137,8 +139,6 @@ def study_cost(studies=("cpu-main", "cpu-truncated", "cpu-hyper"), processes: in
 
 
 def _ok_records(study: str, runs_dir=None) -> pd.DataFrame:
-    from pathlib import Path
-
     folder = REPO / "runs" / study if runs_dir is None else Path(runs_dir)
     rec = read_records(folder) if folder.is_dir() else pd.DataFrame(columns=COLUMNS)
     rec = rec[rec.status == "ok"].copy()

@@ -1,7 +1,10 @@
 """How long a study takes: every run's size and steps, a wall-time model fitted to the runs a
 machine has finished (CPU), and GPU-hours at an assumed MFU with the micro-batch that fits.
 
-`looped sweep STUDY --dry-run` prints these; chapters use them for the cost of a study."""
+`looped sweep STUDY --dry-run` prints these; chapters use them for the cost of a study.
+
+torch is imported only to read a GPU's free memory, so a dry run starts without it.
+"""
 from __future__ import annotations
 
 import json

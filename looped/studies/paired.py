@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from looped.config import DEFAULT_SEED
 from looped.fit import FitError, FitResult, at_bounds, fit, load_runs, validate_runs
@@ -122,13 +123,12 @@ def pairs(main_df, variant_df, controls=None) -> pd.DataFrame:
 
 def paired_gains(P, by=("r",)) -> pd.DataFrame:
     """Mean paired loss difference (variant - baseline, nats) per group, with a t interval."""
-    from scipy.stats import t
     rows = []
     for key, g in P.groupby(list(by), sort=True):
         d, n = g["diff"].to_numpy(float), len(g)
         sd = float(d.std(ddof=1)) if n > 1 else float("nan")
         se = sd / np.sqrt(n)
-        h = float(t.ppf(0.975, n - 1)) * se if n > 1 else float("nan")
+        h = float(stats.t.ppf(0.975, n - 1)) * se if n > 1 else float("nan")
         rows.append(dict(zip(by, key if isinstance(key, tuple) else (key,)), n=n, mean=float(d.mean()),
                          sd=sd, se=se, lo=float(d.mean()) - h, hi=float(d.mean()) + h))
     return pd.DataFrame(rows)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
+from scipy.optimize import brentq
 
 from .. import accounting as acc
 from ..config import REPO
@@ -76,7 +77,6 @@ def runs_from_minima(path_or_df, preset="paper") -> "pd.DataFrame":
     into runs the fitter takes.  For every cell the continuous width d at which the preset's
     iso-depth model has N = N* is found from the accounting; n_once / n_rec are split in that
     architecture's proportion (summing to N* exactly) and D = C / flops_per_token(width d)."""
-    from scipy.optimize import brentq
 
     t = pd.read_csv(path_or_df) if not isinstance(path_or_df, pd.DataFrame) else path_or_df
     rows = []

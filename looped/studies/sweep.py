@@ -5,6 +5,7 @@ its folder.  Restarting skips finished records (ok or diverged), resumes an inte
 its checkpoint and retries failed ones; records and checkpoints are written atomically, so a kill
 at any moment costs at most one checkpoint interval of one run.  The training options it passes
 on to every run are TrainConfig's (looped.options), flags and SLURM script alike.
+torch is imported only when a run trains or fails, so a dry run and a SLURM script need none.
 """
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import argparse
 import fcntl
 import json
 import os
+import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -176,7 +179,6 @@ def slurm_script(study: str, n_tasks: int, *, sweep_args: list[str] = (), gpus_p
     never collide, and resubmitting the same script resumes: finished records are skipped,
     interrupted runs continue from their checkpoints (`#SBATCH --requeue` lets SLURM do that
     after a preemption)."""
-    import shlex
     if n_tasks < 1 or gpus_per_task < 1:
         raise SweepError("--slurm needs at least one task and one GPU per task")
     python = python or sys.executable
@@ -298,7 +300,6 @@ def main(argv=None) -> int:
 
 
 def _write_slurm(a, runs: list[Run], out: Path, train_kw: dict) -> int:
-    import subprocess
     args = ["--out", str(out.resolve())]
     if a.grid:
         args += ["--grid", str(Path(a.grid).resolve()), "--preset", runs[0].preset]
