@@ -4,7 +4,6 @@ Tables of parameters and FLOPs per (width s, recurrences r), the paper's Table 6
 live models counted against the accounting, and the properties of the initialisation that the
 paper relies on (linear injection ignores r at init; truncated backprop leaves the forward
 pass alone; the cyclic hyperconnection init equals a cumulative additive injection).
-Torch is imported only by the functions that build models.
 """
 from __future__ import annotations
 
