@@ -145,3 +145,8 @@ def test_edge_best_sentence_never_says_zero_cells():
     )
     assert edge_best_sentence(2, 3) == "In 2 fitted cells the best run is the narrowest one trained, in 3 the widest."
     assert all(" 0 " not in edge_best_sentence(n, w) for n in range(3) for w in range(3))
+
+
+def test_power_of_ten_keeps_the_promised_digits_when_fixed():
+    assert formatting.power_of_ten(4.75e8, 4, fixed=True) == "4.750×10⁸"
+    assert formatting.power_of_ten(4.75e8, 4) == "4.75×10⁸"

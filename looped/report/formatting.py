@@ -68,15 +68,16 @@ def runtime_text(seconds: float) -> str:
     return f"about {half:g} minute" + ("" if half == 1 else "s")
 
 
-def power_of_ten(v: float, digits: int = 3) -> str:
-    """A number as mantissa x 10^k with a superscript exponent: 3e10 -> '3×10¹⁰', 2.15e19 -> '2.15×10¹⁹'."""
+def power_of_ten(v: float, digits: int = 3, fixed: bool = False) -> str:
+    """A number as mantissa x 10^k with a superscript exponent: 3e10 -> '3×10¹⁰', 2.15e19 -> '2.15×10¹⁹';
+    ``fixed`` keeps trailing zeros, as a table that promises ``digits`` digits prints them: '4.750×10⁸'."""
     if v == 0:
         return "0"
     k = math.floor(math.log10(abs(v)))
     m = float(f"{v / 10**k:.{digits}g}")
     if abs(m) >= 10:
         m, k = m / 10, k + 1
-    mant = f"{m:g}"
+    mant = f"{m:.{digits - 1}f}" if fixed else f"{m:g}"
     return (f"{mant}×" if mant != "1" else "") + "10" + str(k).translate(_SUPERSCRIPT)
 
 

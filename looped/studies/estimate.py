@@ -7,7 +7,6 @@ torch is imported only to read a GPU's free memory, so a dry run starts without 
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,7 +16,7 @@ import pandas as pd
 from .. import accounting, memory
 from ..config import REPO
 from ..memory import gpu_spec
-from ..records import COLUMNS, read_records, run_state
+from ..records import COLUMNS, iter_records, read_records, run_state
 from .registry import SweepError
 
 if TYPE_CHECKING:
@@ -106,14 +105,11 @@ def fast_path_records(preset: str, runs_root: str | Path | None = None) -> pd.Da
     a new study's dry run is timed with before it has finished runs of its own (records copied
     from another study are skipped, so no run counts twice)."""
     rows = []
-    for path in sorted(Path(runs_root or REPO / "runs").glob("*/*.json")):
-        try:
-            rec = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if (isinstance(rec, dict) and rec.get("preset") == preset and rec.get("compile")
-                and rec.get("status") == "ok" and "copied_from" not in rec):
-            rows.append({c: rec.get(c) for c in COLUMNS})
+    for folder in sorted(p for p in Path(runs_root or REPO / "runs").glob("*") if p.is_dir()):
+        for _, rec in iter_records(folder):
+            if (isinstance(rec, dict) and rec.get("preset") == preset and rec.get("compile")
+                    and rec.get("status") == "ok" and "copied_from" not in rec):
+                rows.append({c: rec.get(c) for c in COLUMNS})
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
