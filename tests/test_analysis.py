@@ -41,61 +41,48 @@ RESTRICTED = {0.0: _fit(0.0, r2=0.95), 1.0: _fit(1.0, r2=0.98)}
 
 def test_verdict_phi_inside_the_papers_interval():
     text = prose.joint_fit_verdict(_fit(0.47, 0.42, 0.50), RESTRICTED, _runs())
-    assert "**φ = 0.470**" in text and "[0.420, 0.500]" in text
-    assert "contains the paper's 0.459" in text and "overlaps the paper's [0.41, 0.53]" in text
-    assert "excludes φ = 0 and excludes φ = 1" in text
-    assert "the paper's is 0.12 wide" in text
-    # the paper's numbers come from its tables: R^2 of the free fit and what the restrictions cost
-    assert "(paper: 0.9972)" in text and "cost 0.0114 and 0.0420" in text
-    assert "fixing φ = 0 costs 0.0400 of R²" in text and "fixing φ = 1 costs 0.0100 of R²" in text
-    assert "hardly changes" not in text and "edge of the search box" not in text
-    assert "against about 0.01, largest" in text and "against 0.036." in text
+    assert "$\\varphi = 0.470$ (95% interval 0.420 to 0.500)" in text
+    assert "overlaps the paper's [0.41, 0.53]" in text and "it excludes 0 and 1" in text
+    # the paper's costs of the restrictions come from its tables
+    assert "changes $R^2$ by -0.0400 and -0.0100 (paper: -0.0114 and -0.0420)" in text
+    assert "edge of the search box" not in text and "(about 0.01)" in text
+    assert len(text.split()) <= 80
 
 
-def test_verdict_phi_outside_and_restrictions_for_free():
-    restricted = {0.0: _fit(0.0, r2=0.95), 1.0: _fit(1.0, r2=0.995)}
-    text = prose.joint_fit_verdict(_fit(0.96, 0.76, 1.14), restricted, _runs())
-    assert "lies entirely above the paper's 0.459" in text and "lies entirely above the paper's [0.41, 0.53]" in text
-    assert "does not exclude φ = 1" in text
-    assert "fixing φ = 1 even raises R² by 0.0050" in text
-    assert "Holding φ = 1 hardly changes how well the law fits" in text
-    below = prose.joint_fit_verdict(_fit(0.1, -0.2, 0.3), RESTRICTED, _runs())
-    assert "lies entirely below the paper's 0.459" in below and "does not exclude φ = 0" in below
-
-
-def test_verdict_box_edge_per_r_gaps_and_halves():
+def test_verdict_phi_outside_and_at_the_box_edge():
     theta = tuple(float(v) for v in (LO + HI) / 2)
     theta = theta[:4] + (float(LO[4]),) + theta[5:]                 # log E on the lower edge of the box
-    joint = _fit(0.9, 0.7, 1.1, theta=theta)
+    text = prose.joint_fit_verdict(_fit(0.96, 0.76, 1.14, theta=theta), RESTRICTED, _runs())
+    assert "lies entirely above the paper's [0.41, 0.53]" in text and "it excludes 0" in text
+    assert "E ended on the edge of the search box: a bound, not a measurement" in text
+    below = prose.joint_fit_verdict(_fit(0.1, -0.2, 0.3), RESTRICTED, _runs())
+    assert "lies entirely below" in below and "it excludes 1" in below
+    wide = prose.joint_fit_verdict(_fit(0.5, -0.2, 1.1), RESTRICTED, _runs())
+    assert "overlaps" in wide and "it excludes neither 0 nor 1" in wide
+    assert all(len(t.split()) <= 80 for t in (text, below, wide))
+
+
+def test_verdict_sizes_the_residuals_against_the_papers():
+    joint = _fit(0.6, 0.5, 0.7, r2=0.97)
+    assert "are smaller than the paper's" in prose.joint_fit_verdict(joint, RESTRICTED, _runs())
+    assert "are much larger than the paper's" in prose.joint_fit_verdict(joint, RESTRICTED, _runs(noise=0.05))
+    assert "are about as large as the paper's" in prose.joint_fit_verdict(joint, RESTRICTED, _runs(noise=0.01))
+
+
+def test_law_form_reading_per_r_gaps_and_halves():
     gaps = pd.DataFrame({"mean_gap": [0.01, 0.02]}, index=[2, 4])
     paper_gaps = pd.DataFrame({"mean_gap": [0.03, 0.05]}, index=[2, 4])
     halves = {"lower": ([1e17, 1e18], _fit(1.05, r2=0.90)), "upper": ([1e18, 1e19], _fit(0.92, r2=0.99))}
-    per_r = {1: _fit(None, r2=0.97), 2: _fit(None, r2=0.99)}
-    text = prose.joint_fit_verdict(joint, RESTRICTED, _runs(), per_r=per_r, gaps=gaps, paper_gaps=paper_gaps,
-                                      halves=halves)
-    assert "edge of the search box for E" in text
-    assert "R² 0.970 to 0.990 (paper: 0.998)" in text
-    assert "+0.010 at r = 2, +0.020 at r = 4 nats" in text and "less than the paper's law says" in text
-    assert "need not move together" in text and "pulls φ" not in text
-    assert "φ = 1.050 (lower, R² 0.900) and 0.920 (upper, R² 0.990)" in text
-    assert "upper minus lower -0.130 against +0.05 in the paper" in text and "much better than the smaller" in text
-
-
-def test_verdict_sizes_the_residuals_and_reads_per_r_fits_by_their_quality():
-    """The residuals are compared with the paper's ~0.01 nats in words that follow the numbers,
-    and one Chinchilla law per r is called the weak point only when it fits poorly itself."""
-    joint = _fit(0.6, 0.5, 0.7, r2=0.97)
-    exact = prose.joint_fit_verdict(
-        joint, RESTRICTED, _runs(), per_r={1: _fit(None, r2=0.996), 2: _fit(None, r2=0.995)}
-    )
-    assert "The residuals are smaller than the paper's" in exact
-    assert "R² 0.995 to 0.996 (paper: 0.998): each r on its own follows the Chinchilla form" in exact
-    assert "weak point" not in exact
-    noisy = prose.joint_fit_verdict(joint, RESTRICTED, _runs(noise=0.05), per_r={1: _fit(None, r2=0.975)})
-    assert "The residuals are much larger than the paper's" in noisy and "weak point" in noisy
-    close = prose.joint_fit_verdict(_fit(0.6, 0.5, 0.7, r2=0.994), RESTRICTED, _runs(noise=0.01),
-                                       per_r={1: _fit(None, r2=0.995)})
-    assert "The residuals are about as large as the paper's" in close and "hardly better than the joint law" in close
+    text = prose.law_form_reading(_fit(0.9), per_r={1: _fit(None, r2=0.97), 2: _fit(None, r2=0.99)}, gaps=gaps,
+                                  paper_gaps=paper_gaps, halves=halves)
+    assert "weak point" in text and "$R^2$ 0.970 to 0.990 (paper: 0.998)" in text
+    assert "+0.010 at $r = 2$, +0.020 at $r = 4$ nats" in text and "costs our models less than" in text
+    assert "(lower, $R^2$ 0.900) and 0.920 (upper, $R^2$ 0.990), a change of -0.130 against +0.05" in text
+    assert "much better" in text
+    good = prose.law_form_reading(_fit(0.6, r2=0.97), per_r={1: _fit(None, r2=0.996), 2: _fit(None, r2=0.995)})
+    assert "fits well" in good and "weak point" not in good
+    tied = prose.law_form_reading(_fit(0.6, r2=0.994), per_r={1: _fit(None, r2=0.995)})
+    assert "hardly better than the joint law" in tied
 
 
 def test_verdict_without_a_fit():

@@ -39,102 +39,71 @@ def interval_vs_paper(lo: float, hi: float) -> str:
     return f"overlaps the paper's [{plo:g}, {phi_:g}]"
 
 
-def joint_fit_verdict(joint, restricted: dict, runs, per_r: dict | None = None, gaps=None, paper_gaps=None,
-                      halves: dict | None = None, label: str = "our CPU study") -> str:
-    """The paragraph (Markdown) that reads a joint fit of our runs beside the paper's.
-
-    Written from the numbers rather than typed into the chapter, so it stays true when the
-    sweep gains runs or moves to the GPU grid, and so that its branches can be tested.  It says
-    where the 95% interval of phi lies (against the paper's 0.459 and its interval, and against
-    0 and 1), what holding phi at 0 or 1 (``restricted``: {0.0: fit, 1.0: fit}) costs in R^2
-    beside the paper's costs, whether the joint fit ended on the edge of the search box, how
-    large the residuals on ``runs`` are, how well one law per architecture fits (``per_r``),
-    the model-free same-width loss gaps (``gaps``, ``paper_gaps``: `same_width_gaps` of our runs
-    and of the paper's law on its grid) and the budget halves (``halves``: `phi_fits.half_fits`).  The
-    paper's numbers come from its published tables (`looped.studies.paper`): the joint fit and its
-    restricted variants, the per-r residuals, Table 1 and the budget halves.  ``joint`` None
-    gives the note that there is no fit yet.
-    """
+def joint_fit_verdict(joint, restricted: dict, runs, label: str = "our CPU study") -> str:
+    """The chapter's verdict on a joint fit (Markdown, under 80 words): phi and its 95% interval
+    against the paper's and against 0 and 1, what holding phi at 0 or 1 (``restricted``:
+    {0.0: fit, 1.0: fit}) costs in R^2 beside the paper's costs, a parameter on the edge of the
+    search box, and the residuals on ``runs`` against the paper's.  The law's form (one law per r,
+    the gaps, the budget halves) is read by `law_form_reading`.  ``joint`` None: no fit yet."""
     if joint is None:
         return (f"No fit of {label} is shown yet: the sweep folder holds too few finished runs.  Rerun the "
                 "chapter once its sweep (`looped sweep STUDY`) has finished.")
     paper = paper_fits()
-    p_r2 = {k: float(paper.loc[k, "r2"]) for k in ("phi_free", "phi_fixed_0", "phi_fixed_1")}
-    p_res = paper_table("joint_fit_residuals")
-    p_arch = paper.loc[[f"chinchilla_r{r}" for r in R_VALUES], "r2"].astype(float)
-    p_half = float(paper.loc["phi_free_high_half_budgets", "phi"] - paper.loc["phi_free_low_half_budgets", "phi"])
-    resid = residuals(joint, runs)
+    p_cost = [float(paper.loc["phi_free", "r2"] - paper.loc[k, "r2"]) for k in ("phi_fixed_0", "phi_fixed_1")]
     lo, hi = joint.ci["phi"]
-    plo, phi_ = PAPER_PHI_CI
-    where = (f"contains the paper's {PAPER_PHI:g}" if lo <= PAPER_PHI <= hi else
-             f"lies entirely above the paper's {PAPER_PHI:g}" if lo > PAPER_PHI else
-             f"lies entirely below the paper's {PAPER_PHI:g}")
-    zero = "excludes φ = 0" if lo > 0 else "does not exclude φ = 0"
-    one = "excludes φ = 1" if hi < 1 else "does not exclude φ = 1"
-    r2f, r20, r21 = joint.r2, restricted[0.0].r2, restricted[1.0].r2
-    text = (f"On the {joint.n_runs} runs of {label} the joint fit gives **φ = {joint.phi:.3f}** with a 95% "
-            f"block-bootstrap interval of [{lo:.3f}, {hi:.3f}] (width {hi - lo:.2f}; the paper's is "
-            f"{phi_ - plo:.2f} wide).  The interval {where}, {interval_vs_paper(lo, hi)}, {zero} "
-            f"and {one}.  ")
-    worse = [(name, r2f - r2) for name, r2 in (("φ = 0", r20), ("φ = 1", r21))]
-    text += f"The free fit reaches R² = {r2f:.4f} (paper: {p_r2['phi_free']:.4f}); "
-    text += "; ".join(f"fixing {name} costs {d:.4f} of R²" if d >= 0 else
-                      f"fixing {name} even raises R² by {-d:.4f}, since the fit minimises the Huber loss of "
-                      f"log-losses rather than the squared error in nats" for name, d in worse)
-    text += (f".  In the paper the two restrictions cost {p_r2['phi_free'] - p_r2['phi_fixed_0']:.4f} and "
-             f"{p_r2['phi_free'] - p_r2['phi_fixed_1']:.4f}.")
-    small = [name for name, d in worse if d < 0.002]
-    if small:
-        text += (f"  Holding {' or '.join(small)} hardly changes how well the law fits: the fit quality alone "
-                 f"cannot tell {'that end point' if len(small) == 1 else 'those end points'} from the free fit.")
+    ends = [str(e) for e, out in ((0, lo > 0), (1, hi < 1)) if out]
+    excludes = f"it excludes {' and '.join(ends)}" if ends else "it excludes neither 0 nor 1"
+    text = (f"On the {joint.n_runs} runs of {label}, $\\varphi = {joint.phi:.3f}$ (95% interval {lo:.3f} to "
+            f"{hi:.3f}), which {interval_vs_paper(lo, hi)}; {excludes}.  ")
+    cost = [joint.r2 - restricted[v].r2 for v in (0.0, 1.0)]
+    text += (f"Fixing $\\varphi$ at 0 or 1 changes $R^2$ by {-cost[0]:+.4f} and {-cost[1]:+.4f} "
+             f"(paper: {-p_cost[0]:+.4f} and {-p_cost[1]:+.4f}).  ")
     bounds = at_bounds(joint)
     if bounds:
-        text += (f"  The fit ends on the edge of the search box for {', '.join(bounds)}: the data prefer a value "
-                 f"outside the paper's box (for E, an irreducible loss below e^-3 = 0.05 nats), so that number is a "
-                 f"bound of the protocol, not a measurement.")
-    rmse, p_rmse = float(np.sqrt(np.mean(resid ** 2))), float(p_res["rmse"].mean())
+        text += f"{', '.join(bounds)} ended on the edge of the search box: a bound, not a measurement.  "
+    resid = residuals(joint, runs)
+    rmse, p_rmse = float(np.sqrt(np.mean(resid ** 2))), float(paper_table("joint_fit_residuals")["rmse"].mean())
     size = ("much larger than" if rmse > 2 * p_rmse else "larger than" if rmse > 1.25 * p_rmse else
             "about as large as" if rmse >= 0.8 * p_rmse else "smaller than")
-    text += (f"  The residuals are {size} the paper's: RMSE {rmse:.3f} nats against about {p_rmse:.2f}, largest "
-             f"{np.abs(resid).max():.3f} against {p_res['max_abs_residual'].max():.3f}.")
+    return text + f"The residuals (RMSE {rmse:.3f} nats) are {size} the paper's (about {p_rmse:.2f})."
+
+
+def law_form_reading(joint, per_r: dict | None = None, gaps=None, paper_gaps=None, halves: dict | None = None) -> str:
+    """How well the law's form holds (Markdown): one Chinchilla law per architecture (``per_r``)
+    against the joint law, the model-free same-width loss gaps (``gaps``, ``paper_gaps``:
+    `same_width_gaps` of our runs and of the paper's law on its grid) and the budget halves
+    (``halves``: `phi_fits.half_fits`), each beside the paper's published numbers."""
+    paper = paper_fits()
+    p_arch = paper.loc[[f"chinchilla_r{r}" for r in R_VALUES], "r2"].astype(float)
+    p_half = float(paper.loc["phi_free_high_half_budgets", "phi"] - paper.loc["phi_free_low_half_budgets", "phi"])
+    parts = []
     if per_r:
         r2s = [res.r2 for res in per_r.values()]
+        span = f"$R^2$ {min(r2s):.3f} to {max(r2s):.3f} (paper: {p_arch.mean():.3f})"
         if min(r2s) < 0.99:
-            text += (
-                f"  The law's form itself is the weak point: even one Chinchilla law per architecture reaches only "
-                f"R² {min(r2s):.3f} to {max(r2s):.3f} (paper: {p_arch.mean():.3f}), so the joint law has little "
-                f"to work with."
-            )
-        elif min(r2s) - r2f > 0.005:
-            text += (
-                f"  One Chinchilla law per architecture fits well, R² {min(r2s):.3f} to {max(r2s):.3f} (paper: "
-                f"{p_arch.mean():.3f}): each r on its own follows the Chinchilla form, and what the joint law loses "
-                f"beyond that comes from tying the architectures together through r^φ with shared exponents."
-            )
+            parts.append(f"The law's form itself is the weak point: even one Chinchilla law per architecture reaches "
+                         f"only {span}.")
+        elif min(r2s) - joint.r2 > 0.005:
+            parts.append(f"One Chinchilla law per architecture fits well, {span}: what the joint law loses comes "
+                         f"from tying the architectures together through $r^\\varphi$ with shared exponents.")
         else:
-            text += (f"  One Chinchilla law per architecture reaches R² {min(r2s):.3f} to {max(r2s):.3f} (paper: "
-                     f"{p_arch.mean():.3f}), hardly better than the joint law with its single φ.")
+            parts.append(f"One Chinchilla law per architecture reaches {span}, hardly better than the joint law.")
     if gaps is not None and len(gaps) and paper_gaps is not None:
-        mg = ", ".join(f"{g:+.3f} at r = {r}" for r, g in gaps["mean_gap"].items())
-        text += (f"  Without any law, the mean loss of a looped model minus that of the plain model of the same width "
-                 f"and budget is {mg} nats (the paper's law: "
-                 + ", ".join(f"{g:+.2f} at r = {r}" for r, g in paper_gaps["mean_gap"].items()) + ")")
+        ours = ", ".join(f"{g:+.3f} at $r = {r}$" for r, g in gaps["mean_gap"].items())
+        theirs = ", ".join(f"{g:+.2f}" for g in paper_gaps["mean_gap"].values)
         side = gap_side(gaps, paper_gaps)
-        text += (f": looping costs our models {side} than the paper's law says it costs at scale.  How a gap turns "
-                 f"into φ depends on the law's other parameters (a gap is the size term at N_once + r^φ N_rec minus "
-                 f"the same at N), so the gaps and φ need not move together." if side else ".")
+        parts.append(f"Without any law, a looped model loses {ours} nats against the plain model of its width and "
+                     f"budget (the paper's law: {theirs})" + (f", so looping costs our models {side} than it costs "
+                     f"at scale; the gaps and $\\varphi$ need not move together, since a gap also depends on the "
+                     f"law's other parameters." if side else "."))
     if halves and len(halves) == 2:
-        pl, ph = halves["lower"][1].phi, halves["upper"][1].phi
-        rl, rh = halves["lower"][1].r2, halves["upper"][1].r2
-        text += (f"  The budget halves give φ = {pl:.3f} (lower, R² {rl:.3f}) and {ph:.3f} (upper, R² {rh:.3f}), "
-                 f"upper minus lower {ph - pl:+.3f} against {p_half:+.2f} in the paper")
-        text += (
-            f": the law describes the larger budgets, where the runs are longer, {'much ' if rh - rl > 0.05 else ''}"
-            f"better than the smaller ones."
-            if rh - rl > 0.02
-            else "."
-        )
-    return text
+        (_, low), (_, high) = halves["lower"], halves["upper"]
+        better = (f"; the law fits the larger budgets {'much ' if high.r2 - low.r2 > 0.05 else ''}better"
+                  if high.r2 - low.r2 > 0.02 else "")
+        parts.append(f"The budget halves give $\\varphi$ = {low.phi:.3f} (lower, $R^2$ {low.r2:.3f}) and "
+                     f"{high.phi:.3f} (upper, $R^2$ {high.r2:.3f}), a change of {high.phi - low.phi:+.3f} against "
+                     f"{p_half:+.2f} in the paper{better}.")
+    return "  ".join(parts)
 
 
 def lr_verdict(table: pd.DataFrame, tolerance: float = 0.01) -> str:

@@ -16,8 +16,8 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import minimize
 
-from looped.fit import FitError, fit, validate_runs
-from looped.solver import HI, HUBER_DELTA, LO, POLISH_OPTIONS, RunArrays
+from ..fit import FitError, fit, validate_runs
+from ..solver import HI, HUBER_DELTA, LO, POLISH_OPTIONS, RunArrays
 
 FIVE = ("A", "alpha", "B", "beta", "E")
 LOG_KAPPA_BOX = (-5.0, 5.0)

@@ -26,10 +26,10 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from looped.config import DEFAULT_SEED
-from looped.fit import FitError, FitResult, at_bounds, fit, load_runs, validate_runs
-from looped.io import atomic_write_json, json_ready
-from looped.solver import HI, HUBER_DELTA, LO
+from ..config import DEFAULT_SEED
+from ..fit import FitError, FitResult, at_bounds, fit, load_runs, validate_runs
+from ..io import atomic_write_json, json_ready
+from ..solver import HI, HUBER_DELTA, LO
 
 KEYS = ("budget", "r", "s", "seed", "data_order")
 FOLDERS = ("cpu-main", "cpu-truncated", "cpu-hyper", "cpu-controls", "cpu-matched", "cpu-replicates")

@@ -23,12 +23,12 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from looped.config import REPO, model_config
-from looped.fit import FitError, fit, load_runs
-from looped.io import atomic_write_json, json_ready
-from looped.solver import LAW_PARAMS, RunArrays, law_loss
-from looped.studies.multifit import FIVE, NAN2, _cells, _rmse, check_runs, fit_multi, onehot
-from looped.studies.paper import PAPER_DIR, PAPER_LAW, paper_grid, paper_table, runs_from_minima
+from ..config import REPO, model_config
+from ..fit import FitError, fit, load_runs
+from ..io import atomic_write_json, json_ready
+from ..solver import LAW_PARAMS, RunArrays, law_loss
+from .multifit import FIVE, NAN2, _cells, _rmse, check_runs, fit_multi, onehot
+from .paper import PAPER_DIR, PAPER_LAW, paper_grid, paper_table, runs_from_minima
 
 CONFIG = ("budget", "r", "s", "injection", "bptt_k")        # a replicate group: same config, other seed
 
