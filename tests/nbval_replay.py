@@ -119,11 +119,15 @@ def replay(stem: str, jitter: int | None = None, stop_after: int | None = None) 
         install_jitter(jitter)
     shell = InteractiveShell.instance(colors="NoColor")
     shell.enable_gui = lambda gui=None: None   # `%matplotlib inline` outside a kernel: figures stay on Agg
+    results = []   # a cell's last expression (a Table): kept as the kernel keeps it, every mimetype, no "Out[n]:"
+    shell.displayhook.write_output_prompt = lambda: None
+    shell.displayhook.write_format_data = lambda data, md=None: results.append(data)
     patterns = sanitizers()
     out = []
     for i, cell in enumerate(c for c in nb.cells if c.cell_type == "code"):
         if stop_after is not None and i > stop_after:
             break
+        results.clear()
         with capture_output() as cap:
             res = shell.run_cell(cell.source, store_history=True)
         if not res.success:
@@ -135,6 +139,7 @@ def replay(stem: str, jitter: int | None = None, stop_after: int | None = None) 
                 outputs.append({"output_type": "stream", "text": cap.stdout + cap.stderr})
             for o in cap.outputs:
                 outputs.append({"output_type": "display_data", "data": dict(o.data)})
+            outputs += [{"output_type": "execute_result", "data": dict(data)} for data in results]
             out.append(checked_text(outputs, patterns))
     return out
 

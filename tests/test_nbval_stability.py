@@ -34,8 +34,8 @@ import nbval_replay  # noqa: E402
 JITTER_SEEDS = (1, 2, 3)
 JITTERED = ("03_sweep", "04_fit", "05_truncation", "06_hyperconnections", "07_what_phi_buys")
 TORCH_CELLS = {"02_architecture": None,      # chapter 2: live models throughout (whole chapter)
-               "05_truncation": 2,          # code cells 0-2: the truncation check on a live model
-               "06_hyperconnections": 3}    # code cells 0-3: the hyperconnection init check
+               "05_truncation": 5,          # code cells 0-5: the truncation check on a live model
+               "06_hyperconnections": 5}    # code cells 0-5: the hyperconnection init check
 
 
 # --- looped.report.checks ------------------------------------------------------------------------------

@@ -2,8 +2,8 @@
 and hyperconnections, each refitted beside a baseline at the same budgets.
 
 `case_study_runs` builds the two runs tables, `case_study` fits both (`CaseStudy`),
-`case_study_cells` compares the best runs cell by cell, and `token_gain` says how many more
-tokens a cheaper variant trains on at the same budget.
+`runs_per_cell` counts their runs, `case_study_cells` compares the best runs cell by cell, and
+`token_gain` says how many more tokens a cheaper variant trains on at the same budget.
 """
 from __future__ import annotations
 
@@ -188,6 +188,20 @@ def case_study(main, study, name: str = "case study", budgets=None, study_r=None
                       f"{n_study} case-study run(s) with r > 1, need at least {min_study_runs}")
     return CaseStudy(name=name, budgets=budgets, baseline_runs=base, variant_runs=var, baseline=baseline,
                      variant=variant, note="; ".join(notes), study_runs=n_study)
+
+
+def runs_per_cell(cs: CaseStudy) -> pd.DataFrame:
+    """Runs per (budget, r) cell of the two fits of a case study: one row per (fit, budget),
+    columns fit, budget and one per r (its count, 0 where a fit has no run in that cell)."""
+    parts = {"baseline": cs.baseline_runs, cs.name: cs.variant_runs}
+    rs = sorted({int(r) for df in parts.values() for r in df["r"].astype(float)})
+    rows = []
+    for label, df in parts.items():
+        if len(df):
+            counts = (df.groupby([df["budget"].astype(float), df["r"].astype(float).astype(int)]).size()
+                      .unstack(fill_value=0).reindex(columns=rs, fill_value=0))
+            rows += [{"fit": label, "budget": b, **row.astype(int).to_dict()} for b, row in counts.iterrows()]
+    return pd.DataFrame(rows, columns=["fit", "budget", *rs])
 
 
 def case_study_cells(baseline_runs, variant_runs):
