@@ -29,7 +29,6 @@ from pathlib import Path
 import numpy
 import torch
 import torch.distributed as dist
-from tqdm.auto import tqdm
 
 from . import __version__, accounting, data, memory, optim
 from .checkpoint import Cadence, load_checkpoint, save_checkpoint
@@ -263,6 +262,8 @@ def train(tc: TrainConfig) -> dict:
 
     flops_per_token = accounting.flops_per_token(cfg)
     peak = tc.peak_flops or device_peak_flops(dd.device)
+    from tqdm.auto import tqdm  # here, not at the top: in a notebook without widgets it warns when imported
+
     bar = tqdm(total=steps, initial=start, disable=tc.quiet or not dd.main, unit="step",
                desc=run_id(tc) if tc.budget or tc.steps else "train", dynamic_ncols=True)
 

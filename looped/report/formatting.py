@@ -41,8 +41,9 @@ def cell_text(col: str, v) -> str:
     if isinstance(v, (bool,)):
         return str(v)
     base = col.split("_lo")[0].split("_hi")[0].split(" ")[0]
-    if base in ("A", "B"):
-        return f"{float(v):.3g}"
+    if base in ("A", "B"):   # three significant digits, never '1.06e+03'
+        x = float(f"{float(v):.3g}")
+        return f"{x:,.0f}" if abs(x) >= 1000 else f"{float(v):.3g}"
     if base in ("r2", "R^2", "R2"):
         return f"{float(v):.4f}"
     if base in ("huber", "huber_x1e5"):

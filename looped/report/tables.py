@@ -32,15 +32,20 @@ class Table:
     checked against the references recorded under ``check`` ('chapter/cell') when the table is
     built (a number out of tolerance raises, so the cell fails), and the text prints the check
     instead of the number.  A checked number is named '<row> <column>', the row by its ``label``
-    column or its index (a single-row table without a label: the column alone).  ``notes`` are
-    exact facts (counts, flags) added to the text.  ``active=False`` (a papermill run with other
-    parameters) judges nothing.  ``styles`` adds CSS rules; the other arguments shape the HTML as in
-    `html_table`."""
+    column or its index (a single-row table without a label: the column alone).  Where the page
+    lays the numbers out otherwise than their references are named (parameters as columns, rows
+    of several kinds), ``measured`` gives them by name ({name: value}; ``tolerances`` then maps
+    those names) and ``exact`` the part of the table compared exactly (columns of ``frame``, or
+    a frame of its own; default: none with ``measured``, else every column without a tolerance).
+    ``notes`` are exact facts (counts, flags) added to the text.  ``active=False`` (a papermill
+    run with other parameters) judges nothing.  ``styles`` adds CSS rules; the other arguments
+    shape the HTML as in `html_table`."""
 
     def __init__(self, frame: pd.DataFrame, caption: str | None = None, *, headers: dict | None = None,
                  formats: dict | None = None, pairs: bool | tuple = False, index: bool | None = None,
                  check: str | None = None, tolerances: dict | None = None, label: str | None = None,
-                 notes: tuple | list = (), active: bool = True, styles: list | None = None):
+                 notes: tuple | list = (), active: bool = True, styles: list | None = None,
+                 measured: dict | None = None, exact: list | pd.DataFrame | None = None):
         self.frame, self.caption = frame, caption
         self.styler = html_table(frame, headers=headers, caption=caption, index=index, formats=formats, pairs=pairs)
         if styles:   # extra CSS rules for this table (e.g. column widths), as pandas' set_table_styles takes them
@@ -49,22 +54,33 @@ class Table:
         self.show_index = not (index is False or (index is None and _plain_index(frame)))
         self.cells = pd.DataFrame({c: [fmt[c](v) for v in shown[c]] for c in shown.columns}, index=shown.index)
         tolerances = tolerances or {}
-        exact = [c for c, orig in zip(shown.columns, originals) if orig not in tolerances]
         lines = [caption] if caption else []
-        if exact:
-            lines.append(self.cells[exact].to_string(index=self.show_index))
+        if measured is None:   # the fitted cells are the ones with a tolerance, the rest is exact
+            if exact is None:
+                exact = [c for c, orig in zip(shown.columns, originals) if orig not in tolerances]
+            measured, tolerances = self._named(frame, tolerances, label)
+        if isinstance(exact, pd.DataFrame):
+            lines.append(exact.apply(lambda col: col.map(lambda v: number_text(v, col.name))).to_string(index=False))
+        elif exact:
+            lines.append(self.cells[[c for c, orig in zip(shown.columns, originals) if orig in exact or c in exact]]
+                         .to_string(index=self.show_index))
         if tolerances:
             if not check:
                 raise ValueError("a table with fitted columns needs a check key 'chapter/cell'")
-            measured, tol = {}, {}
-            for i, (_, row) in enumerate(frame.iterrows()):
-                for col, t in tolerances.items():
-                    single = len(frame) == 1 and label is None
-                    name = col if single else f"{row[label] if label else frame.index[i]} {col}"
-                    measured[name], tol[name] = row[col], t
-            lines.append(checked(check, measured, tol, active=active))
+            lines.append(checked(check, measured, tolerances, active=active))
         lines.extend(notes)
         self.text = "\n".join(lines)
+
+    @staticmethod
+    def _named(frame, tolerances: dict, label) -> tuple[dict, dict]:
+        """The fitted cells as {'<row> <column>': value} and their tolerances under the same names."""
+        measured, tol = {}, {}
+        for i, (_, row) in enumerate(frame.iterrows()):
+            for col, t in tolerances.items():
+                single = len(frame) == 1 and label is None
+                name = col if single else f"{row[label] if label else frame.index[i]} {col}"
+                measured[name], tol[name] = row[col], t
+        return measured, tol
 
     def __repr__(self) -> str:
         return self.text
@@ -73,13 +89,13 @@ class Table:
         return HTML_MARK + self.styler.to_html() + HTML_MARK.replace("<!-- ", "<!-- /")
 
     def width_chars(self) -> int:
-        """The table's width in characters: per column the longer of its widest cell and the
-        longest word of its header (headers wrap at spaces), plus two for the padding."""
+        """The narrowest the table can be drawn, in characters: cells and headers wrap at spaces
+        only, so per column its longest word (a number is one word), plus two for the padding."""
         cols = [(" ".join(map(str, c)) if isinstance(c, tuple) else str(c), self.cells[c]) for c in self.cells.columns]
         if self.show_index:
             cols.append((str(self.cells.index.name or ""), pd.Series(map(str, self.cells.index))))
-        return sum(max([len(w) for w in name.split()] + [len(str(v)) for v in values] + [1]) + 2
-                   for name, values in cols)
+        return sum(max([len(w) for text in (name, *map(str, values)) for w in text.replace("<br>", " ").split()]
+                       + [1]) + 2 for name, values in cols)
 
 
 def _plain_index(df) -> bool:
@@ -269,8 +285,7 @@ def plan_summary(table):
     """One row per budget of a study plan: widths, model sizes, tokens, steps, tokens/param.
 
     Ranges run over the widths of the budget (and over r where marked); N is unique
-    non-embedding parameters, D training tokens per run.  The run count and d_model (a fixed
-    multiple of s) are left to the caption and the text: the table has to fit the page.
+    non-embedding parameters, D training tokens per run.
     """
     rows = []
     for budget, g in table.groupby("budget", sort=True):
@@ -278,7 +293,9 @@ def plan_summary(table):
         deepest = g[g.r == g.r.max()]
         rows.append({
             "budget": budget,
+            "runs": len(g),
             "widths s": ", ".join(f"{s:g}" for s in sorted(g.s.unique())),
+            "d_model": span(g.d_model, lambda v: f"{int(v)}"),
             f"N (r={int(plain.r.iloc[0])})": span(plain.n),
             f"N (r={int(deepest.r.iloc[0])})": span(deepest.n),
             "D per run": span(g.tokens),

@@ -154,24 +154,22 @@ def study_table(study: str = "cpu-main", runs_dir=None):
 
 
 def status_counts(table):
-    """Finished ('ok') runs over planned runs, per budget (rows) and r (columns)."""
+    """Finished ('ok') runs over planned runs ('4/5'), one row per budget, one column per r."""
     g = table.assign(ok=table.status.eq("ok")).groupby(["budget", "r"])
     cell = (g.ok.sum().astype(int).astype(str) + "/" + g.size().astype(str)).unstack("r")
-    cell.index = [f"{b:.3g}" for b in cell.index]
-    cell.index.name = "budget"
     cell.columns = [f"r={r}" for r in cell.columns]
-    return cell
+    return cell.reset_index()
 
 
 def loss_pivot(table, decimals: int = 3):
-    """Final validation loss (nats) of every finished run: rows (budget, s, d_model), columns r."""
+    """Final validation loss (nats) of every finished run: one row per (budget, s, d_model) planned,
+    one column per r (NaN where the run has not finished)."""
     ok = table[table.status == "ok"]
     pv = ok.pivot_table(index=["budget", "s", "d_model"], columns="r", values="loss", aggfunc="first")
     full = table.pivot_table(index=["budget", "s", "d_model"], columns="r", values="n", aggfunc="first")
     pv = pv.reindex(index=full.index, columns=full.columns).round(decimals)
     pv.columns = [f"r={r}" for r in pv.columns]
-    pv.index = pv.index.set_levels([[f"{b:.3g}" for b in pv.index.levels[0]]] + list(pv.index.levels[1:]))
-    return pv
+    return pv.reset_index()
 
 
 def iso_flop_cells(table, min_runs: int = 3):
@@ -253,15 +251,15 @@ def residuals_by_r(res, runs):
 
 
 def run_costs(table):
-    """Wall time of the finished runs per budget and in total (from the records): runs, summed
-    wall seconds, training tokens, tokens/s (total tokens over total time) and the model
-    FLOP/s that the accounting credits them with."""
+    """Wall time of the finished runs per budget, then in total (a last row with budget 'total'),
+    from the records: runs, summed wall seconds, training tokens, tokens/s (total tokens over
+    total time) and the model FLOP/s that the accounting credits them with."""
     ok = table[(table.status == "ok") & table.wall_seconds.notna()].copy()
     ok["model_flops"] = ok.flops_per_token.astype(float) * ok.tokens
     rows = []
     for key, g in list(ok.groupby("budget", sort=True)) + [("total", ok)]:
         wall = g.wall_seconds.sum()
-        rows.append({"budget": key if key == "total" else f"{key:.3g}", "runs": len(g), "wall_seconds": wall,
+        rows.append({"budget": key, "runs": len(g), "wall_seconds": wall,
                      "wall_hours": wall / 3600, "tokens": g.tokens.sum(),
                      "tokens_per_s": g.tokens.sum() / wall if wall else float("nan"),
                      "model_gflops_per_s": g.model_flops.sum() / wall / 1e9 if wall else float("nan")})
@@ -271,14 +269,15 @@ def run_costs(table):
 
 
 def study_compute(study: str = "paper-main", peak_flops: float = GPU_SPECS["H200"][0], mfu: float = DEFAULT_GPU_MFU):
-    """Training compute of a study per budget: runs, total FLOPs, and accelerator-hours at an
-    ASSUMED ``mfu`` of ``peak_flops`` (default: the H200's dense bf16 peak at 30% MFU, the
-    default of ``looped sweep --dry-run``; the validation passes and restarts are not included)."""
+    """Training compute of a study per budget, then in total (a last row with budget 'total'):
+    runs, total FLOPs, and accelerator-hours at an ASSUMED ``mfu`` of ``peak_flops`` (default:
+    the H200's dense bf16 peak at ``DEFAULT_GPU_MFU``, the default of ``looped sweep --dry-run``;
+    the validation passes and restarts are not included)."""
     plan_ = study_plan(study)
     rows = []
     for key, g in list(plan_.groupby("budget", sort=True)) + [("total", plan_)]:
         flops = g.run_flops.sum()
-        rows.append({"budget": key if key == "total" else f"{key:.3g}", "runs": len(g), "flops": flops,
+        rows.append({"budget": key, "runs": len(g), "flops": flops,
                      "gpu_hours": flops / (peak_flops * mfu) / 3600,
                      "longest_run_hours": g.run_flops.max() / (peak_flops * mfu) / 3600})
     return pd.DataFrame(rows)
@@ -301,7 +300,6 @@ def loss_gaps_to_plain(table, paper=None, min_runs: int = 3):
         ls = paper.pivot(index="budget", columns="r", values="loss_star")
         frames.append(ls.sub(ls[1], axis=0).assign(source="paper (L*)"))
     out = pd.concat(frames).reset_index()
-    out["budget"] = [f"{b:.3g}" for b in out["budget"]]
     cols = [r for r in R_VALUES if r != 1 and r in out.columns]
     return out[["source", "budget"] + cols].rename(columns={r: f"r={r}" for r in cols})
 
