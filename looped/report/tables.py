@@ -19,7 +19,7 @@ from ..solver import LAW_PARAMS
 from ..studies.analysis import study_learning_rates, study_plan
 from ..studies.registry import STUDIES
 from .checks import checked
-from .formatting import cell_text, eng, number_text, power_of_ten, short_number, span
+from .formatting import eng, number_text, power_of_ten, short_number, span
 
 HTML_MARK = "<!-- looped-table -->"   # the nbval sanitizer hides the HTML between two marks: the text is checked
 MAX_WIDTH_CHARS = 100                  # a table wider than this (in characters at the book's font) gets clipped
@@ -150,57 +150,10 @@ def law_row(res, ci: bool = True) -> dict:
     return out
 
 
-def format_table(df, index: bool = True) -> str:
-    """A table as text with the precision of `cell_text` per column (a column's name, or the last
-    level of a two-level name, picks the format).  Missing values print as ``-``."""
-    out = pd.DataFrame(index=df.index)
-    for col in df.columns:
-        name = col[-1] if isinstance(col, tuple) else col
-        out[col] = [cell_text(str(name), v) for v in df[col]]
-    if isinstance(df.columns, pd.MultiIndex):
-        out.columns = pd.MultiIndex.from_tuples(list(df.columns))
-    return out.to_string(index=index)
-
-
-def format_params(df) -> str:
-    """Text of a `params_comparison` table, each row printed with its parameter's precision."""
-    lines = []
-    width = max(len(c) for c in df.columns)
-    width = max(width, 9)
-    lines.append(f"{'param':<6}" + "".join(f" {c:>{width}}" for c in df.columns))
-    for p, row in df.iterrows():
-        lines.append(f"{p:<6}" + "".join(f" {cell_text(p if p != 'R^2' else 'r2', v):>{width}}" for v in row))
-    return "\n".join(lines)
-
-
 def side_by_side(ours, paper, keys=("ours", "paper")):
     """Two tables with the same row index next to each other under a top column level
     ``ours | paper``; rows present in only one of them are kept (missing cells are NaN)."""
     return pd.concat([ours, paper], axis=1, keys=list(keys))
-
-
-def params_comparison(res, paper: dict, paper_ci: dict | None = None, ci: bool = True):
-    """Parameter-by-parameter table of a fit against published values.
-
-    Rows A, alpha, B, beta, E, phi and R^2; columns ``ours`` (with ``2.5%`` / ``97.5%`` bootstrap
-    percentiles when ``ci``) and ``paper`` (with the paper's interval where it gives one,
-    ``paper_ci`` = {param: (lo, hi)})."""
-    nan = float("nan")
-    row = law_row(res)
-    rows = []
-    for p in LAW_PARAMS + ("R^2",):
-        key = "r2" if p == "R^2" else p
-        r = {"ours": row[key]}
-        if ci:
-            r["2.5%"] = row.get(f"{key}_lo", nan)
-            r["97.5%"] = row.get(f"{key}_hi", nan)
-        r["paper"] = paper.get(key, nan)
-        lo, hi = (paper_ci or {}).get(key, (nan, nan))
-        r["paper 2.5%"], r["paper 97.5%"] = lo, hi
-        rows.append(r)
-    df = pd.DataFrame(rows, index=list(LAW_PARAMS) + ["R^2"])
-    df.index.name = "param"
-    return df
 
 
 def iso_flop_display(cells):
