@@ -348,7 +348,11 @@ def main(argv=None) -> int:
     except FitError as e:
         print(f"robustness: error: {e}", file=sys.stderr)
         return 2
-    out["settings"] = dict(settings, quick=a.quick, seed=a.seed, runs=a.runs, seeds=seeds,
+    def shown(path):   # inside the repository: relative, so the committed results name no machine's folders
+        path = Path(path).resolve()
+        return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+    out["settings"] = dict(settings, quick=a.quick, seed=a.seed, runs=shown(a.runs), seeds=[shown(p) for p in seeds],
                            total_seconds=time.perf_counter() - t0)
     atomic_write_json(a.out, json_ready(out), allow_nan=False)
     return 0
