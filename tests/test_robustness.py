@@ -205,3 +205,23 @@ def test_phi_vs_compute_tables(exact):
 def test_fit_multi_rejects_a_design_that_does_not_line_up(exact):
     with pytest.raises(FitError, match="rows"), pytest.warns(UserWarning, match="status"):
         M.fit_multi(exact.assign(status=["ok"] * (len(exact) - 1) + ["failed"]), np.ones((len(exact), 1)), ["phi"])
+
+
+def test_the_committed_results_rerun_in_small(tmp_path):
+    """CI's reduced rerun of `looped robustness`: the same refits, each point estimate of phi within
+    0.01 of the committed full run's (the bootstrap intervals shrink with its fewer resamples)."""
+    committed = R.read_results()
+    out = tmp_path / "quick.json"
+    assert R.main(["--quick", "--out", str(out), "--runs", str(R.REPO / committed["settings"]["runs"])]) == 0
+    quick = R.read_results(out)
+    assert list(quick["robustness"].variant) == list(committed["robustness"].variant)
+    assert np.allclose(quick["robustness"].phi, committed["robustness"].phi, atol=0.01)
+    assert np.allclose(quick["per_budget"].phi, committed["per_budget"].phi, atol=0.02)
+    assert quick["settings"]["runs"] == "runs/cpu-main" and quick["settings"]["quick"]
+
+
+def test_the_chapter_reads_the_committed_results_into_sentences():
+    from looped.report import constancy
+    said = constancy.reading(R.read_results())
+    assert set(said) >= {"convention", "form", "noise", "position", "drift", "recovery"}
+    assert all("nan" not in text and "e+" not in text for text in said.values())

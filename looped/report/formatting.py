@@ -10,9 +10,11 @@ from ..solver import LAW_PARAMS
 
 
 def eng(x: float, digits: int = 3) -> str:
-    """A count in engineering notation for tables: 1370000 -> '1.37M'."""
+    """A count in engineering notation for tables: 1370000 -> '1.37M'; from 10^15 a power of ten."""
     if x is None or x != x:
         return "-"
+    if abs(x) >= 1e15:   # '1e+06T' reads worse than '10¹⁸'
+        return power_of_ten(x, digits)
     for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
         if abs(x) >= div:
             return f"{x / div:.{digits}g}{suffix}"
@@ -99,7 +101,7 @@ def number_text(v, column: str = "") -> str:
         return str(v)
     name = str(column[-1] if isinstance(column, tuple) else column)
     base = name.split("_lo")[0].split("_hi")[0]
-    if "budget" in name or name.startswith("flops") or name.endswith("flops"):
+    if ("budget" in name and not name.startswith("n_")) or name.startswith("flops") or name.endswith("flops"):
         return power_of_ten(x, 4)
     if base in LAW_PARAMS or base in ("r2", "R^2", "huber"):
         return cell_text(base, x)

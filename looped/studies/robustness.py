@@ -14,6 +14,7 @@ scipy L-BFGS-B, block bootstrap over (budget, r) cells.  Residuals: observed - p
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import time
@@ -31,6 +32,21 @@ from .multifit import FIVE, NAN2, _cells, _rmse, check_runs, fit_multi, onehot
 from .paper import PAPER_DIR, PAPER_LAW, paper_grid, paper_table, runs_from_minima
 
 CONFIG = ("budget", "r", "s", "injection", "bptt_k")        # a replicate group: same config, other seed
+
+
+RESULTS = REPO / "runs" / "analysis" / "robustness.json"   # what `looped robustness` wrote, committed
+
+
+def read_results(path=RESULTS) -> dict:
+    """The committed results of `looped robustness`: every table as a DataFrame (the synthetic
+    recoveries as one table of their summaries), the summaries and settings as dicts."""
+    raw = json.loads(Path(path).read_text())
+    gof, pvc = raw["goodness_of_fit"], raw["phi_vs_compute"]
+    out = {"robustness": pd.DataFrame(raw["robustness"]), "summary": gof["summary"], "settings": raw["settings"],
+           "synthetic": pd.DataFrame([dict(scenario=k, **v["summary"]) for k, v in raw["synthetic"].items()])}
+    out.update({k: pd.DataFrame(gof[k]) for k in ("by_r", "by_position", "by_role", "lobo", "residuals")})
+    out.update({k: pd.DataFrame(pvc[k]) for k in ("per_budget", "windows", "paper_per_budget", "trend")})
+    return out
 
 
 # ----------------------------------------------------------------------------- inputs
