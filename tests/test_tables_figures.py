@@ -90,11 +90,13 @@ def _case_study(delta_boot, base_E=math.exp(-3), lo_phi=0.5):
 
 def test_case_study_texts_follow_the_numbers():
     cs = _case_study([-0.4, -0.2, -0.1, 0.3])                      # negative change, interval contains zero
-    assert prose.reproduced(cs, paper_delta=+0.19).startswith("no (opposite sign")
-    assert prose.reproduced(cs, paper_delta=-0.07) == "direction only (interval contains 0)"
+    # one rule for both case studies: an interval that contains zero resolves nothing, whatever the sign
+    unresolved = "not resolved (interval contains 0; point estimate on the {}'s side)"
+    assert prose.reproduced(cs, paper_delta=+0.19) == unresolved.format("other")
+    assert prose.reproduced(cs, paper_delta=-0.07) == unresolved.format("paper")
     unpaired = dataclasses.replace(cs, variant_runs=cs.variant_runs.head(2))   # the tables hold other cells
     assert unpaired.delta_phi_ci is None
-    assert prose.reproduced(unpaired, paper_delta=-0.07) == "direction only (no paired interval)"
+    assert prose.reproduced(unpaired, paper_delta=-0.07).startswith("not resolved (no paired interval")
     notes = " ".join(prose.edge_notes(cs))
     assert "E at the lower edge" in notes and "lower end of the variant fit's φ interval" in notes
     text = prose.verdict(cs, paper_delta=-0.07)

@@ -299,15 +299,16 @@ def cells_vs_phi(cells, cs: CaseStudy, what: str) -> str:
 
 
 def reproduced(cs: CaseStudy, paper_delta: float) -> str:
-    """A short verdict on a case study's change in phi against the paper's, for a results table:
-    'yes' (same sign, paired interval excludes zero), 'direction only (interval contains 0)' (or
-    '(no paired interval)' when the two tables hold different cells), 'no (opposite sign...)' or
+    """A short verdict on a case study's change in phi against the paper's, for a results table,
+    the same rule for every case study: 'yes' (the paired interval excludes zero on the paper's
+    side), 'no (opposite sign)' (it excludes zero on the other side), 'not resolved (...)' when
+    the interval contains zero or there is none, with the side the point estimate falls on, and
     'not fitted'."""
     if not cs.ok:
         return "not fitted"
     ci = cs.delta_phi_ci
-    why = "no paired interval" if ci is None else "interval contains 0"
-    unresolved = ci is None or ci[0] <= 0 <= ci[1]
-    if (cs.delta_phi > 0) == (paper_delta > 0):
-        return f"direction only ({why})" if unresolved else "yes"
-    return "no (opposite sign" + (f", {why})" if unresolved else ")")
+    same = (cs.delta_phi > 0) == (paper_delta > 0)
+    if ci is None or ci[0] <= 0 <= ci[1]:
+        why = "no paired interval" if ci is None else "interval contains 0"
+        return f"not resolved ({why}; point estimate on the {'paper' if same else 'other'}'s side)"
+    return "yes" if same else "no (opposite sign)"
