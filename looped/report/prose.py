@@ -291,7 +291,8 @@ def cells_vs_phi(cells, cs: CaseStudy, what: str) -> str:
     text += (f"  The fitted change in φ, {cs.delta_phi:+.3f}, points the other way.  The two views weigh different "
              f"things: the cells compare single best runs, while the refit moves all six parameters of the law at "
              f"once (here E goes from {cs.baseline.E:.3f} to {cs.variant.E:.3f} nats, α from "
-             f"{cs.baseline.alpha:.3f} to {cs.variant.alpha:.3f}), and φ trades off against them.")
+             f"{cs.baseline.alpha:.3f} to {cs.variant.alpha:.3f}), and φ trades off against them.  Two budgets do "
+             f"not identify E, so these shifts describe the fit, not the models.")
     if unresolved:
         text += ("  Since the paired interval of the change contains zero, the fit does not establish a direction "
                  "at all; the cell-by-cell differences are the more direct reading of these runs.")
