@@ -6,8 +6,10 @@
 Serves the HTML folder on 127.0.0.1, visits each page with Playwright driving the system
 Chromium (/usr/bin/chromium, from Debian; Playwright never downloads a browser here), and
 fails on console errors, uncaught page errors, failed or non-2xx local requests, and any
-request that leaves localhost (the book must work offline).  A full-page screenshot of every
-chapter goes to _build/screenshots/.
+request that leaves localhost (the book must work offline).  On the chapters it also fails on a
+table wider than the text column (clipped), an index column without a name, and a number printed
+with an exponent ('1e+13') in the prose.  A full-page screenshot of every chapter goes to
+_build/screenshots/.
 """
 from __future__ import annotations
 
@@ -21,6 +23,23 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parents[1]
+READER_CHECKS = r"""() => {
+  const out = [], article = document.querySelector('article') || document.body;
+  const width = article.getBoundingClientRect().width;
+  article.querySelectorAll('table').forEach((t, i) => {
+    const name = ((t.querySelector('caption') || {}).textContent || `table ${i + 1}`).trim().slice(0, 60);
+    if (t.scrollWidth > width + 1)
+      out.push(`"${name}" is ${Math.round(t.scrollWidth)} px wide, the text ${Math.round(width)} px`);
+    if (t.querySelector('th.blank') && !t.querySelector('th.index_name'))
+      out.push(`"${name}": an index column without a name`);
+  });
+  article.querySelectorAll('p, li').forEach(p => {
+    const m = p.textContent.match(/\d\.?\d*e[+-]\d/);
+    if (m && !p.closest('pre, code, .cell_input, .cell_output'))
+      out.push(`"${m[0]}" in the prose: ${p.textContent.trim().slice(0, 80)}`);
+  });
+  return out;
+}"""
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync",
         "--disable-dev-shm-usage"]
@@ -90,6 +109,8 @@ def main(argv=None) -> int:
             )
             page.goto(base + page_path, wait_until="networkidle")
             page.wait_for_timeout(200)
+            if page_path.startswith("book/") and not page_path.startswith("book/api"):
+                problems += page.evaluate(READER_CHECKS)
             if page_path.startswith("book/"):
                 page.screenshot(path=str(shots / (Path(page_path).stem + ".png")), full_page=True)
             status = "ok" if not problems else f"{len(problems)} problem(s)"

@@ -135,3 +135,21 @@ def test_simulation_and_cli_quick(tmp_path):
     assert {r["r"] for r in res["studies"]["truncated"]["gains_by_r"]} == {2.0, 4.0, 8.0}
     assert res["simulation"]["truncated"]["summary"][0]["n_reps"] == 1
     assert pp.main(["--out", str(out), "--runs", str(tmp_path / "none")]) == 2
+
+
+def test_the_committed_results_rerun_in_small(tmp_path):
+    """CI's reduced rerun of `looped paired` on the committed runs: every point estimate within 0.01
+    of the committed full run's (its intervals come from far fewer resamples), and the chapters'
+    reading of the committed file."""
+    from looped.report import prose, tables
+    committed = pp.read_results()
+    out = tmp_path / "paired.json"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert pp.main(["--out", str(out), "--quick", "--reps", "1"]) == 0
+    quick = pp.read_results(out)
+    assert set(quick["studies"]) == set(committed["studies"])
+    for name, res in committed["studies"].items():
+        mine = quick["studies"][name]["estimates"].set_index("estimator").estimate
+        assert np.allclose(mine, res["estimates"].set_index("estimator").estimate, atol=0.01), name
+        assert len(tables.paired_estimates(res)) == 3 and "Δφ" in prose.paired_reading(res, -0.04)

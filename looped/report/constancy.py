@@ -20,7 +20,7 @@ VARIANTS = {  # robustness_table's variants, as the reader should read them
     "per_r_phi_2": "one φ per r: φ₂",
     "per_r_phi_4": "one φ per r: φ₄",
     "per_r_phi_8": "one φ per r: φ₈",
-    "kappa_r_phi": "extra multiplier: κ r^φ N_rec",
+    "kappa_r_phi": "extra multiplier: κ·rᵠ·N_rec",
 }
 SCENARIOS = {"ours_white": ("our design", "white"), "ours_cell": ("our design", "per cell + white"),
              "paper_white": ("the paper's design", "white"), "paper_cell": ("the paper's design", "per cell + white")}
@@ -48,8 +48,8 @@ def synthetic_frame(results: dict) -> pd.DataFrame:
 
 
 def plot_phi_vs_compute(axes, results: dict) -> None:
-    """Left: our φ per budget (the other parameters shared, 95% bootstrap bars) and over sliding
-    windows of two budgets (lines); right: φ per budget of the paper's published minima (the
+    """First axes: our φ per budget (the other parameters shared, 95% bootstrap bars) and over sliding
+    windows of two budgets (lines); second: φ per budget of the paper's published minima (the
     other five parameters held at its law).  Each panel with its fitted trend φ₀ + φ₁ log₁₀ C."""
     ours, paper = results["per_budget"], results["paper_per_budget"]
     trend = results["trend"].set_index("data")
@@ -73,7 +73,8 @@ def plot_phi_vs_compute(axes, results: dict) -> None:
         a.set_xlabel("training compute C (FLOPs)")
         a.set_title(title)
         a.legend(fontsize=LEGEND_FONTSIZE, loc="best")
-    axes[0].set_ylabel("φ")
+    for a in axes:
+        a.set_ylabel("φ")
 
 
 def reading(results: dict) -> dict:
@@ -102,7 +103,7 @@ def reading(results: dict) -> dict:
         "form": (
             f"One φ per r gives φ₂ = {per_r.phi.iloc[0]:.3f}, φ₄ = {per_r.phi.iloc[1]:.3f}, "
             f"φ₈ = {per_r.phi.iloc[2]:.3f}"
-            + (", and φ₂'s interval lies below the others': a single r^φ does not describe how our r = 2 "
+            + (", and φ₂'s interval lies below the others': a single rᵠ does not describe how our r = 2 "
                "models use their passes." if apart else ", with overlapping intervals.")),
         "noise": (
             f"The residual RMSE, {s['rmse']:.3f} nats, is {s['rmse_over_seed_sd']:.1f} times the seed noise "

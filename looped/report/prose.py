@@ -313,3 +313,37 @@ def reproduced(cs: CaseStudy, paper_delta: float) -> str:
         why = "no paired interval" if ci is None else "interval contains 0"
         return f"not resolved ({why}; point estimate on the {'paper' if same else 'other'}'s side)"
     return "yes" if same else "no (opposite sign)"
+
+
+def _side(e, paper_delta: float) -> str:
+    if e["lo"] <= 0 <= e["hi"]:
+        return "which contains zero"
+    return "on the paper's side of zero" if (e["estimate"] > 0) == (paper_delta > 0) else "on the other side of zero"
+
+
+def paired_reading(res: dict, paper_delta: float) -> str:
+    """The paired estimates of a case study's change in phi (`looped.studies.paired.read_results`),
+    read beside the paper's protocol on the same runs, with one rule for every case study."""
+    est = res["estimates"].set_index("estimator")
+    p, q, o, off = est.loc["paired"], est.loc["paired_offset"], est.loc["paper"], res["offset"]
+    text = (f"Pairing each variant run with its baseline twin and holding the law at the main fit gives "
+            f"Δφ = {p.estimate:+.3f} [{p.lo:+.3f}, {p.hi:+.3f}], {_side(p, paper_delta)}; the paper's protocol "
+            f"on the same runs gives {o.estimate:+.3f} [{o.lo:+.3f}, {o.hi:+.3f}], {_side(o, paper_delta)}.  "
+            f"Letting the variant also shift every r's log-loss alike (by {off['estimate']:+.4f} "
+            f"[{off['lo']:+.4f}, {off['hi']:+.4f}]) gives Δφ = {q.estimate:+.3f} [{q.lo:+.3f}, {q.hi:+.3f}]")
+    resolved = [not (e.lo <= 0 <= e.hi) for e in (p, q)]
+    if all(resolved) and (p.estimate > 0) != (q.estimate > 0):
+        text += (": the sign of Δφ turns on whether the variant also helps every r alike, so these runs measure a "
+                 "gain, and which part of it is a change in φ is not identified by the law's form alone.")
+    elif resolved[0] and not resolved[1]:
+        text += ": with that offset free, the change in φ is no longer resolved."
+    else:
+        text += ", the same reading."
+    sim = res["simulation"]
+    if len(sim):
+        sim = sim.set_index("estimator")
+        text += (f"  In {int(sim.loc['paired', 'n_reps'])} simulated replications at the paired estimate, its "
+                 f"interval covers the truth {sim.loc['paired', 'coverage']:.0%} of the time with an SD of "
+                 f"{sim.loc['paired', 'sd']:.3f}; the paper's protocol {sim.loc['paper', 'coverage']:.0%}, "
+                 f"with an SD of {sim.loc['paper', 'sd']:.3f}.")
+    return text

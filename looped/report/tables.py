@@ -223,13 +223,12 @@ def html_table(df, headers: dict | None = None, caption: str | None = None, inde
         styler = styler.hide(axis="index")
     if caption:
         styler = styler.set_caption(caption)
-    words = [c for c in table.columns if table[c].map(lambda v: isinstance(v, str)).all()]
-    if words:   # numbers are right-aligned, words read from the left
-        styler = styler.set_properties(subset=words, **{"text-align": "left"})
-    return styler.set_table_styles([
+    words = [j for j, c in enumerate(table.columns) if table[c].map(lambda v: isinstance(v, str)).all()]
+    return styler.set_table_styles([   # numbers are right-aligned, words read from the left
+        *({"selector": f"td.col{j}", "props": "text-align: left;"} for j in words),
         {"selector": "", "props": "border-collapse: collapse; font-size: 0.85em; margin: 0.5em 0;"},
-        {"selector": "th", "props": "text-align: center; padding: 0.25em 0.6em; border-bottom: 1px solid #999;"},
-        {"selector": "td", "props": "text-align: right; padding: 0.2em 0.6em; font-variant-numeric: tabular-nums;"},
+        {"selector": "th", "props": "text-align: center; padding: 0.25em 0.45em; border-bottom: 1px solid #999;"},
+        {"selector": "td", "props": "text-align: right; padding: 0.2em 0.45em; font-variant-numeric: tabular-nums;"},
         {"selector": "caption", "props": "caption-side: top; text-align: left; font-weight: bold;"},
     ])
 
@@ -293,4 +292,22 @@ def scale_comparison(ours: str = "cpu-main", paper: str = "paper-main") -> pd.Da
         mid = {s: np.sqrt(lo * hi) for s, (lo, hi) in ends.items()}
         rows.append({"quantity": quantity, "paper": text[paper], "ours": text[ours],
                      "paper / ours": float(mid[paper] / mid[ours])})
+    return pd.DataFrame(rows)
+
+
+ESTIMATOR_LABELS = {"paper": "the paper's protocol (each arm refitted)", "paired": "paired, law held at the main fit",
+                    "paired_offset": "paired, plus an r-independent offset"}
+
+
+def paired_estimates(res: dict) -> pd.DataFrame:
+    """A case study's estimates of the change in phi (`looped.studies.paired.read_results`), one row
+    per estimator, beside how each did in the simulation at that change (bias, coverage)."""
+    est = res["estimates"].set_index("estimator")
+    sim = res["simulation"].set_index("estimator") if len(res["simulation"]) else pd.DataFrame()
+    rows = []
+    for key, label in ESTIMATOR_LABELS.items():
+        e = est.loc[key]
+        s = sim.loc[key] if key in sim.index else {}
+        rows.append({"estimator": label, "dphi": e.estimate, "lo": e.lo, "hi": e.hi, "runs": int(e.n),
+                     "sim_bias": s.get("bias", np.nan), "sim_coverage": s.get("coverage", np.nan)})
     return pd.DataFrame(rows)

@@ -15,6 +15,7 @@ coverage of all three on our design, and `main` is `python -m looped.studies.pai
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 import warnings
@@ -26,7 +27,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from ..config import DEFAULT_SEED
+from ..config import DEFAULT_SEED, REPO
 from ..fit import FitError, FitResult, at_bounds, fit, load_runs, validate_runs
 from ..io import atomic_write_json, json_ready
 from ..solver import HI, HUBER_DELTA, LO
@@ -267,6 +268,26 @@ def paper_protocol(main_df, variant_df, budgets=None, restarts=100, bootstrap=20
         phis = np.c_[fb.boot_samples[:, 5], fv.boot_samples[:, 5]]
         e.boot_at_bound = float(((phis <= LO[5] + 1e-6) | (phis >= HI[5] - 1e-6)).any(1).mean())
     return e
+
+
+RESULTS = REPO / "runs" / "analysis" / "paired.json"   # what `looped paired` wrote, committed
+ESTIMATORS = ("paper", "paired", "paired_offset")
+
+
+def read_results(path=RESULTS) -> dict:
+    """The committed results of `looped paired`, per case study: its estimates of dphi (one row
+    per estimator, and the offset), its paired gains by r (variant minus baseline log-loss) and
+    the simulation of the estimators at the estimated dphi; plus the settings and the main fit."""
+    raw = json.loads(Path(path).read_text())
+    out = {"settings": raw["settings"], "main_fit": raw["main_fit"], "studies": {}}
+    for name, st in raw["studies"].items():
+        if "paired" not in st:
+            continue
+        out["studies"][name] = {
+            "estimates": pd.DataFrame([dict(estimator=k, **st[k]) for k in ESTIMATORS]),
+            "offset": st["offset_log"], "pairs": st["pairs"], "gains_by_r": pd.DataFrame(st["gains_by_r"]),
+            "simulation": pd.DataFrame(raw["simulation"].get(name, {}).get("summary", []))}
+    return out
 
 
 # ------------------------------------------------------------------ simulation
