@@ -47,6 +47,7 @@ class Table:
                  notes: tuple | list = (), active: bool = True, styles: list | None = None,
                  measured: dict | None = None, exact: list | pd.DataFrame | None = None):
         self.frame, self.caption = frame, caption
+        named, frame = frame, _index_as_column(frame, index)
         self.styler = html_table(frame, headers=headers, caption=caption, index=index, formats=formats, pairs=pairs)
         if styles:   # extra CSS rules for this table (e.g. column widths), as pandas' set_table_styles takes them
             self.styler = self.styler.set_table_styles(styles, overwrite=False)
@@ -58,7 +59,7 @@ class Table:
         if measured is None:   # the fitted cells are the ones with a tolerance, the rest is exact
             if exact is None:
                 exact = [c for c, orig in zip(shown.columns, originals) if orig not in tolerances]
-            measured, tolerances = self._named(frame, tolerances, label)
+            measured, tolerances = self._named(named, tolerances, label)
         if isinstance(exact, pd.DataFrame):
             lines.append(exact.apply(lambda col: col.map(lambda v: number_text(v, col.name))).to_string(index=False))
         elif exact:
@@ -96,6 +97,13 @@ class Table:
             cols.append((str(self.cells.index.name or ""), pd.Series(map(str, self.cells.index))))
         return sum(max([len(w) for text in (name, *map(str, values)) for w in text.replace("<br>", " ").split()]
                        + [1]) + 2 for name, values in cols)
+
+
+def _index_as_column(df, index):
+    """A named index becomes the first column: one header row, and the rows' names read like any column."""
+    if index is False or _plain_index(df) or not any(n is not None for n in df.index.names):
+        return df
+    return df.reset_index()
 
 
 def _plain_index(df) -> bool:

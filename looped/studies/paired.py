@@ -7,10 +7,7 @@ r^(phi+dphi)), optionally with an r-independent log-loss offset c.  Both are fit
 paper's objective (Huber, delta 1e-3, on log loss) to the paired log-loss differences, so the
 law's misfit that both arms share at (budget, r, s) cancels.  Intervals come from a bootstrap
 that refits the main law on block resamples of its (budget, r) cells and resamples the pairs.
-
-`paper_protocol` is the paper's estimator (two separate six-parameter fits), `paired_gains`
-the mean paired loss difference per group, `simulate_estimators` checks bias, spread and
-coverage of all three on our design, and `main` is `python -m looped.studies.paired`.
+`paper_protocol` is the paper's estimator; `simulate_estimators` checks all three on our design.
 """
 from __future__ import annotations
 
@@ -26,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from scipy import stats
+from scipy.special import huber
 
 from ..config import DEFAULT_SEED, REPO
 from ..fit import FitError, FitResult, at_bounds, fit, load_runs, validate_runs
@@ -81,6 +79,18 @@ def load_arms(root="runs", folders=FOLDERS) -> dict:
         df = df.drop_duplicates(["arm", "run_id"])
     return {a: df[df["arm"] == a].reset_index(drop=True)
             for a in ("main", "truncated", "truncated_matched", "hyper", "control_linear", "control_hyper")}
+
+
+def same_runs(arms: dict, results) -> dict:
+    """The arms cut to the runs an earlier results file of `looped paired` used (its run_ids)."""
+    used = json.loads(Path(results).read_text()).get("settings", {}).get("run_ids")
+    if not used:
+        raise FitError(f"{results}: no run_ids recorded, so its runs cannot be picked out again")
+    out = {k: v[v["run_id"].astype(str).isin(used.get(k, []))].reset_index(drop=True) for k, v in arms.items()}
+    lost = sum(map(len, used.values())) - sum(map(len, out.values()))
+    if lost:
+        raise FitError(f"{results}: {lost} of the runs it used are no longer in the record folders")
+    return out
 
 
 def _keyed(df, where: str):
@@ -154,10 +164,6 @@ def _log_law(T, n_once, n_rec, r, D, dphi=0.0):
     return np.logaddexp(np.logaddexp(np.log(A) - al * np.log(neff), np.log(B) - be * np.log(D)), np.log(E))
 
 
-def _huber(x, d=HUBER_DELTA):
-    return np.where(np.abs(x) <= d, 0.5 * x * x, d * (np.abs(x) - 0.5 * d))
-
-
 def _profile_offset(rho, w, iters=48):
     """c minimising sum w Huber(rho + c) over the last axis (bisection on its monotone slope)."""
     lo, hi = -rho.max(-1) - HUBER_DELTA, -rho.min(-1) + HUBER_DELTA
@@ -184,7 +190,7 @@ def _solve(T, P, W, offset: bool, chunk_elems=3_000_000):
     def objective(t, w, d):   # dphi d (k, g) -> (objective, offset), each (k, g)
         rho = _rho(t, P, d)
         c = _profile_offset(rho, w[:, None, :]) if offset else np.zeros(d.shape)
-        return (w[:, None, :] * _huber(rho + c[..., None])).sum(-1), c
+        return (w[:, None, :] * huber(HUBER_DELTA, rho + c[..., None])).sum(-1), c
 
     out_d, out_c = np.empty(len(T)), np.zeros(len(T))
     step = max(1, chunk_elems // (len(DPHI_GRID) * len(P)))
@@ -385,6 +391,8 @@ def main(argv=None) -> int:
         "--seed-sd", type=float, default=None, help="simulation noise (nats); default: measured, else 0.011"
     )
     ap.add_argument("--reps", type=int, default=None)
+    ap.add_argument("--same-runs-as", default=None, metavar="JSON",
+                    help="a results file of this command: rerun on exactly the runs it used (sweeps add runs)")
     ap.add_argument("--true-dphi", type=float, default=None, help="default: each study's paired estimate")
     a = ap.parse_args(argv)
     t0, cfg = time.perf_counter(), dict(QUICK if a.quick else FULL)
@@ -393,12 +401,15 @@ def main(argv=None) -> int:
     kw = dict(restarts=cfg["restarts"], bootstrap=cfg["bootstrap"], boot_restarts=cfg["boot_restarts"], seed=a.seed)
     try:
         arms = load_arms(a.runs)
+        if a.same_runs_as:
+            arms = same_runs(arms, a.same_runs_as)
         main_df, ctl = arms["main"], arms["control_linear"]
         measured = seed_sd(arms)
         noise = a.seed_sd if a.seed_sd is not None else (measured if np.isfinite(measured) else 0.011)
         law = main_law(main_df, **kw)
         out = {"settings": dict(cfg, seed=a.seed, seed_sd=noise, seed_sd_measured=measured, quick=a.quick,
-                                huber_delta=HUBER_DELTA, runs={k: len(v) for k, v in arms.items()}),
+                                huber_delta=HUBER_DELTA, runs={k: len(v) for k, v in arms.items()},
+                                run_ids={k: sorted(map(str, v["run_id"])) for k, v in arms.items()}),
                "main_fit": {k: getattr(law, k) for k in ("A", "alpha", "B", "beta", "E", "phi", "r2", "n_runs")},
                "studies": {}, "simulation": {}}
         if len(ctl):
