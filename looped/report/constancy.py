@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..studies.paper import PAPER_PHI, PAPER_PHI_CI
+from ..studies.paper import PAPER_PHI_CI
 from .palette import LEGEND_FONTSIZE, OURS_COLOR, PAPER_COLOR, plain_log_axis
 
 VARIANTS = {  # robustness_table's variants, as the reader should read them
@@ -126,7 +126,7 @@ def reading(results: dict) -> dict:
                         for r in syn.itertuples())
             + f" over {int(syn.draws.min())} draws each: on our design the protocol alone would pin a constant φ to "
             f"a standard deviation of {syn[syn.design == 'our design'].sd.max():.3f}."),
-        "paper_phi": f"{PAPER_PHI:g}",
+        "meaning": _meaning(s["p_value"], [m for m in moved if "counted in N" in m], apart, ours),
     }
 
 
@@ -139,3 +139,23 @@ def _position_sentence(mean) -> str:
                 f"({inside:+.3f}): the observed iso-FLOP valleys are curvier than the law's.")
     return (f"Mean residuals by position in the cell: narrowest {edges['narrowest']:+.3f}, interior {inside:+.3f}, "
             f"widest {edges['widest']:+.3f} nats.")
+
+
+def _meaning(p_value: float, counting: list, apart: bool, trend) -> str:
+    """The chapter's conclusion, from the tests above: what our φ is, and what it is not."""
+    fits = p_value >= 0.05
+    text = ("Our φ summarises a law that fits our runs to within their seed noise" if fits else
+            "Our φ summarises a law that does not fit our runs to within their seed noise")
+    text += (", and its comparison with the paper's turns on how parameters are counted." if counting else
+             ", and its comparison with the paper's holds under every way of counting parameters tried here.")
+    no_drift = trend.phi1_boot_lo <= 0 <= trend.phi1_boot_hi
+    doubts = [what for what, ok in (("one exponent for every r", not apart), ("no drift with compute", no_drift))
+              if not ok]
+    if doubts:
+        text += f"  Our data question the law's premise{'s' if len(doubts) > 1 else ''} of {' and of '.join(doubts)}"
+        text += ("; a drift with compute is suggested but not resolved (the trend's interval contains zero)."
+                 if no_drift else ".")
+    else:
+        text += ("  Neither premise of the law, one exponent for every r and no drift with compute, is rejected by "
+                 "our data, though both tests are weak.")
+    return text
