@@ -1,7 +1,8 @@
 """The book's palette: one colour per number of recurrences r (`R_COLORS`, the same in every
 figure), one colour and one marker per training budget (its place on its grid, so a budget looks
 the same wherever it appears), our estimates against the published ones, and the axis style
-shared by `looped.report.figures` and `looped.report.fit_figures`.
+shared by `looped.report.figures` and `looped.report.fit_figures`.  Matplotlib is imported inside
+the two functions that need it: `looped.report.prose` reads the palette's symbols without plotting.
 """
 from __future__ import annotations
 
