@@ -12,6 +12,12 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent  # the checkout: runs/, data/, book/ live here
+
+
+def repo_relative(path) -> str:
+    """A path as a reader (or a committed results file) should see it: relative to the repository when inside it."""
+    path = Path(path).resolve()
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
 INJECTIONS = ("none", "linear", "additive", "passthrough", "hyperconnect")
 
 

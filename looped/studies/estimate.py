@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from .. import accounting, memory
-from ..config import REPO
+from ..config import REPO, repo_relative
 from ..memory import gpu_spec
 from ..records import COLUMNS, iter_records, read_records, run_state
 from .registry import SweepError
@@ -113,12 +113,6 @@ def fast_path_records(preset: str, runs_root: str | Path | None = None) -> pd.Da
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def _shown(path: Path) -> str:
-    """A folder as a reader should see it: relative to the repository when inside it."""
-    path = Path(path).resolve()
-    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
-
-
 def cpu_estimate(runs: list[Run], out: str | Path, peak_flops: float, mfu: float = 0.3,
                  timing_from=None, processes: int = 1) -> dict:
     """How long the unfinished `runs` take on this CPU: wall seconds = a * steps + b * FLOPs,
@@ -130,10 +124,10 @@ def cpu_estimate(runs: list[Run], out: str | Path, peak_flops: float, mfu: float
     if timing_from:
         sources = [Path(p) for p in timing_from]
         finished = pd.concat([read_records(p) for p in sources if p.is_dir()] or [pd.DataFrame(columns=COLUMNS)])
-        where = ", ".join(map(_shown, sources))
+        where = ", ".join(map(repo_relative, sources))
     else:
         finished = read_records(out) if out.is_dir() else pd.DataFrame(columns=COLUMNS)
-        where = _shown(out)
+        where = repo_relative(out)
         if time_model(finished) is None and runs:
             finished = fast_path_records(runs[0].preset)
             where = f"the {runs[0].preset} preset's fast-path runs under runs/"

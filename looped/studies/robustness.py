@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from ..config import REPO, model_config
+from ..config import REPO, model_config, repo_relative
 from ..fit import FitError, fit, load_runs
 from ..io import atomic_write_json, json_ready
 from ..solver import LAW_PARAMS, RunArrays, law_loss
@@ -364,12 +364,8 @@ def main(argv=None) -> int:
     except FitError as e:
         print(f"robustness: error: {e}", file=sys.stderr)
         return 2
-    def shown(path):   # inside the repository: relative, so the committed results name no machine's folders
-        path = Path(path).resolve()
-        return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
-
-    out["settings"] = dict(settings, quick=a.quick, seed=a.seed, runs=shown(a.runs), seeds=[shown(p) for p in seeds],
-                           total_seconds=time.perf_counter() - t0)
+    out["settings"] = dict(settings, quick=a.quick, seed=a.seed, runs=repo_relative(a.runs),
+                           seeds=[repo_relative(p) for p in seeds], total_seconds=time.perf_counter() - t0)
     atomic_write_json(a.out, json_ready(out), allow_nan=False)
     return 0
 
