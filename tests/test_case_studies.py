@@ -23,3 +23,15 @@ def test_runs_per_cell_counts_each_fit_by_budget_and_r():
     empty = CaseStudy(name="v", budgets=[], baseline_runs=base.iloc[0:0], variant_runs=base.iloc[0:0],
                       baseline=None, variant=None)
     assert runs_per_cell(empty).empty
+
+
+def test_a_variant_without_r2_is_set_against_a_baseline_without_r2():
+    """`study_r` restricts both tables to the same cells, so their bootstraps stay paired."""
+    from looped.studies.case_studies import case_study_runs
+    sized = dict(n_once=1e5, n_rec=1e5, tokens=1e7)
+    main = _runs({(1e13, 1): 2, (1e13, 2): 2, (1e13, 4): 2, (1e13, 8): 2}).assign(**sized)
+    study = _runs({(1e13, 2): 2, (1e13, 4): 2, (1e13, 8): 2}).assign(**sized)
+    base, variant = case_study_runs(main, study, study_r=(4, 8))
+    assert sorted(base.r.unique()) == sorted(variant.r.unique()) == [1, 4, 8]
+    base, variant = case_study_runs(main, study)
+    assert sorted(base.r.unique()) == sorted(variant.r.unique()) == [1, 2, 4, 8]

@@ -103,6 +103,11 @@ def test_neff_collapse_three_panels_and_a_legend():
         x, y = np.asarray(ln.get_xdata(), float), np.asarray(ln.get_ydata(), float)
         np.testing.assert_allclose(y, law.E + law.A * x ** -law.alpha, rtol=1e-9)
     assert sum(ln.get_linestyle() == "--" for ln in axes[1].lines if len(ln.get_xdata())) == 1
+    # one x-range for all panels, holding every run of every panel
+    limits = {ax.get_xlim() for ax in axes[:3]}
+    assert len(limits) == 1
+    (lo, hi), = limits
+    assert lo < (looped.n_once + looped.n_rec).min() and hi > (looped.n_once + 4 * looped.n_rec).max()
     plt.close(axes[0].figure)
 
 

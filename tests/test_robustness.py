@@ -223,5 +223,23 @@ def test_the_committed_results_rerun_in_small(tmp_path):
 def test_the_chapter_reads_the_committed_results_into_sentences():
     from looped.report import constancy
     said = constancy.reading(R.read_results())
-    assert set(said) >= {"convention", "form", "noise", "position", "drift", "recovery"}
+    assert set(said) >= {"convention", "form", "noise", "position", "drift", "recovery", "key"}
     assert all("nan" not in text and "e+" not in text for text in said.values())
+    assert "$" not in said["key"]   # pasted as plain text into the intro and chapter 4
+
+
+def test_the_key_findings_follow_the_numbers():
+    """The intro's sentence names the counting that flips the comparison, and the drift row says
+    "not resolved" exactly when both trend intervals contain zero."""
+    from looped.report import constancy
+    results = R.read_results()
+    rows = results["robustness"].set_index("variant")
+    key, glance = constancy.key_findings(results), constancy.glance(results)
+    flips = constancy.overlaps_paper(*rows.loc["head_in_n_once", ["phi_lo", "phi_hi"]]) != \
+        constancy.overlaps_paper(*rows.loc["paper", ["phi_lo", "phi_hi"]])
+    assert ("with the LM head counted" in key) == flips
+    assert glance["head_phi"] == pytest.approx(rows.loc["head_in_n_once", "phi"])
+    both_span = all(lo <= 0 <= hi for lo, hi in ((glance["drift_lo"], glance["drift_hi"]),
+                                                 (glance["paper_drift_lo"], glance["paper_drift_hi"])))
+    assert glance["repro_drift"].startswith("not resolved") == both_span
+    assert f"{abs(glance['drift']):.3f} per decade" in key

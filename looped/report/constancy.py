@@ -127,7 +127,49 @@ def reading(results: dict) -> dict:
             + f" over {int(syn.draws.min())} draws each: on our design the protocol alone would pin a constant φ to "
             f"a standard deviation of {syn[syn.design == 'our design'].sd.max():.3f}."),
         "meaning": _meaning(s["p_value"], [m for m in moved if "counted in N" in m], apart, ours),
+        "key": key_findings(results),
     }
+
+
+def glance(results: dict) -> dict:
+    """The intro's "results at a glance" rows from this chapter: φ with the LM head counted, and φ's
+    change per decade of compute, ours beside the paper's minima, each with whether they agree."""
+    t = robustness_frame(results).set_index("refit")
+    head = t.loc[VARIANTS["head_in_n_once"]]
+    trend = results["trend"].set_index("data")
+    ours, paper = trend.loc["ours"], trend.loc["paper_minima"]
+    spans_zero = [row.phi1_boot_lo <= 0 <= row.phi1_boot_hi for row in (ours, paper)]
+    agree = (ours.phi1_boot_lo <= paper.phi1 <= ours.phi1_boot_hi
+             or paper.phi1_boot_lo <= ours.phi1 <= paper.phi1_boot_hi)
+    drift = "not resolved (both intervals contain 0)" if all(spans_zero) else "yes" if agree else "no"
+    numbers = {"head_phi": head.phi, "head_phi_lo": head.phi_lo, "head_phi_hi": head.phi_hi,
+               "drift": ours.phi1, "drift_lo": ours.phi1_boot_lo, "drift_hi": ours.phi1_boot_hi,
+               "paper_drift": paper.phi1, "paper_drift_lo": paper.phi1_boot_lo, "paper_drift_hi": paper.phi1_boot_hi}
+    return {k: float(v) for k, v in numbers.items()} | {"repro_head": "yes" if head["meets the paper's"] else "no",
+                                                         "repro_drift": drift}
+
+
+def key_findings(results: dict) -> str:
+    """Two plain-text sentences (no Markdown: other pages paste them) for the book's key results and
+    chapter 4's verdict: which parameter counts flip the comparison with the paper, the misfit against
+    the seed noise, and the drift of φ with compute with its interval."""
+    t, s = robustness_frame(results), results["summary"]
+    base = t.iloc[0]
+    counts = t[t.refit.str.contains("counted in N") & (t["meets the paper's"] != base["meets the paper's"])]
+    if len(counts):
+        row = counts.iloc[0]
+        what = row.refit.replace(" counted in N", "")
+        text = (f"Whether our interval meets the paper's depends on how parameters are counted: with the {what} "
+                f"counted in N, φ = {row.phi:.3f} [{row.phi_lo:.3f}, {row.phi_hi:.3f}], which "
+                + ("meets" if row["meets the paper's"] else "misses") + " it.  ")
+    else:
+        text = "The comparison with the paper holds under every way of counting parameters we tried.  "
+    ours = results["trend"].set_index("data").loc["ours"]
+    resolved = not ours.phi1_boot_lo <= 0 <= ours.phi1_boot_hi
+    return text + (f"The law misses our runs by {s['rmse_over_seed_sd']:.1f} times their seed noise, and φ "
+                   f"{'falls' if ours.phi1 < 0 else 'rises'} by {abs(ours.phi1):.3f} per decade of compute across our "
+                   f"budgets, a drift {'resolved' if resolved else 'not resolved'} (95% bootstrap interval "
+                   f"[{ours.phi1_boot_lo:+.3f}, {ours.phi1_boot_hi:+.3f}]).")
 
 
 def _position_sentence(mean) -> str:

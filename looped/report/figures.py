@@ -67,7 +67,7 @@ def draw_topology(ax=None, r: int = 4, preset: str = "paper", injection: str | N
     colors = dict(io="#e8e8e8", once="#9ecae1", rec="#fdae6b", inj="#c7e9c0", norm="#f0f0f0")
     y = 0.0
     xs = dict(emb=0.6, pre=2.0, inj=3.6, rec=5.3, norm=6.8, coda=8.3, head=9.7)
-    _box(ax, xs["emb"], y, 1.15, 0.8, "embed\n+ RMSNorm", colors["io"])
+    _box(ax, xs["emb"], y, 1.25, 0.8, "embed\n+ RMSNorm", colors["io"])
     _box(ax, xs["pre"], y, 1.2, 0.8, f"prelude\n{cfg.n_prelude} blocks", colors["once"])
     inj_text = {"linear": "inject\nW[e; s]", "additive": "inject\ns + e", "passthrough": "inject\ns",
                 "hyperconnect": f"read lanes\n(K={cfg.lanes})", "none": ""}[cfg.injection]
@@ -99,11 +99,11 @@ def draw_topology(ax=None, r: int = 4, preset: str = "paper", injection: str | N
         _arrow(ax, xs["pre"] + 0.6, y, xs["inj"] - 0.6, y)
         _arrow(ax, xs["norm"] + 0.5, y, xs["coda"] - 0.6, y)
     _box(ax, xs["coda"], y, 1.2, 0.8, f"coda\n{cfg.n_coda} blocks", colors["once"])
-    _box(ax, xs["head"], y, 1.15, 0.8, "RMSNorm\n+ LM head", colors["io"])
-    _arrow(ax, xs["emb"] + 0.575, y, xs["pre"] - 0.6, y)
-    _arrow(ax, xs["coda"] + 0.6, y, xs["head"] - 0.575, y)
+    _box(ax, xs["head"], y, 1.25, 0.8, "RMSNorm\n+ LM head", colors["io"])
+    _arrow(ax, xs["emb"] + 0.625, y, xs["pre"] - 0.6, y)
+    _arrow(ax, xs["coda"] + 0.6, y, xs["head"] - 0.625, y)
     ax.set_xlim(-0.1, 10.4)
-    ax.set_ylim(-1.4, 1.8) if cfg.looped else ax.set_ylim(-0.6, 0.6)  # no loop arrow: no empty band
+    ax.set_ylim(-1.2, 1.65) if cfg.looped else ax.set_ylim(-0.5, 0.5)  # just the drawing: no empty bands
     ax.set_aspect("equal")
     ax.axis("off")
     ax.set_title(f"r = {cfg.r}: {cfg.n_prelude} + {cfg.n_loop_layers}x{cfg.r} + {cfg.n_coda} = "

@@ -373,16 +373,20 @@ def plot_neff_collapse(runs, law, axes=None, phis=None):
     marks = budget_markers(runs["budget"])
     size_part = runs["loss"].to_numpy(float) - p.B * runs["tokens"].to_numpy(float) ** -p.beta
     names = {0.0: "unique N", 1.0: "every pass counted"}
+    x_by_phi = {phi: n_effective(runs["n_once"].to_numpy(float), runs["n_rec"].to_numpy(float),
+                                 runs["r"].to_numpy(float), phi) for phi in phis}
+    # one x-range for every panel, so the eye sees N_eff spread out as phi grows
+    x_lo, x_hi = min(x.min() for x in x_by_phi.values()), max(x.max() for x in x_by_phi.values())
     for ax, phi in zip(axes, phis):
-        x_all = n_effective(runs["n_once"].to_numpy(float), runs["n_rec"].to_numpy(float),
-                            runs["r"].to_numpy(float), phi)
+        x_all = x_by_phi[phi]
         for (b, r), g in runs.groupby(["budget", "r"]):
             x, y = x_all[g.index.to_numpy()], size_part[g.index.to_numpy()]
             order = np.argsort(x)
             ax.plot(x[order], y[order], color=r_color(r), lw=0.9, alpha=0.7, marker=marks[float(b)], ms=4.5,
                     mec="white", mew=0.4)
-        xx = np.geomspace(x_all.min(), x_all.max(), 100)
+        xx = np.geomspace(x_lo, x_hi, 100)
         ax.plot(xx, p.E + p.A * xx ** -p.alpha, color="black", lw=1.2, ls="--", zorder=4)
+        ax.set_xlim(x_lo / 1.15, x_hi * 1.15)
         rmse = rmse_at_phi(p, runs, [phi])[phi]
         what = "fitted" if fitted is not None and phi == float(fitted) else names.get(phi, "")
         ax.set_title(f"φ = {phi:.3g}" + (f" ({what})" if what else "") + f"\nRMSE {rmse:.3f} nats", fontsize=10)

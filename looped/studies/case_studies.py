@@ -58,8 +58,10 @@ def case_study_runs(main, study, budgets=None, study_r=None):
 
     baseline: every run of the main study at the case-study budgets (all r);
     variant: the main study's plain r = 1 runs at those budgets plus the case study's runs
-    with r > 1 (only r in `study_r` when given).  `budgets` defaults to the budgets present in
-    the case-study runs (to all budgets of the main study while there are none).  Both inputs
+    with r > 1.  With `study_r`, both keep only r = 1 and the r in `study_r`, so that the two
+    fits cover the same cells (a variant without r = 2 is set against a baseline without it).
+    `budgets` defaults to the budgets present in the case-study runs (to all budgets of the main
+    study while there are none).  Both inputs
     may be DataFrames or record folders / CSV files.  Returns (baseline, variant), each sorted
     by (budget, r, size).
     """
@@ -76,6 +78,8 @@ def case_study_runs(main, study, budgets=None, study_r=None):
         budgets = sorted(src["budget"].astype(float).unique()) if len(src) else []
     budgets = [float(b) for b in budgets]
     base = main[_in_budgets(main, budgets)] if len(main) and budgets else main.iloc[0:0]
+    if study_r is not None and len(base):
+        base = base[base["r"].astype(float).isin([1.0] + [float(r) for r in study_r])]
     study = study[_in_budgets(study, budgets)] if len(study) and budgets else study.iloc[0:0]
     plain = base[base["r"].astype(float) == 1]
     variant = pd.concat([plain, study], ignore_index=True) if len(study) else plain.iloc[0:0]
