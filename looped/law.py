@@ -62,6 +62,12 @@ class Law:
         n_once, n_rec, r = (np.asarray(v, float) for v in (n_once, n_rec, r))
         return n_once + n_rec if self.phi is None else n_once + r ** self.phi * n_rec
 
+    def size_slope(self, n_eff):
+        """How much the size term A N_eff^-alpha falls per e-fold of N_eff (nats): alpha A N_eff^-alpha.
+        A loss gap between two models of the same tokens is about this times the log of their
+        N_eff ratio, so it grows with both phi's effect on N_eff and the law's steepness at N_eff."""
+        return self.alpha * self.A * np.asarray(n_eff, float) ** (-self.alpha)
+
     def predict(self, n_once, n_rec, r, tokens):
         """Predicted loss (nats per token); arrays broadcast."""
         tokens = np.asarray(tokens, float)

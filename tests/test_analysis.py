@@ -131,3 +131,27 @@ def test_gap_side_needs_every_r_on_one_side():
     assert analysis.gap_side(ours(0.08, 0.09, 0.12), paper) == "more"
     assert analysis.gap_side(ours(0.01, 0.02, 0.03), paper) == "less"
     assert analysis.gap_side(ours(0.08, 0.02, 0.12), paper) is None
+
+
+def test_same_width_gaps_split_into_slope_times_log_ratio():
+    """With equal tokens at one width, a gap is the law's size term at two N_eff: about its fall
+    per e-fold (`Law.size_slope`) times the log of the N_eff ratio; by budget it is constant."""
+    runs = _runs(0.5).assign(s=lambda df: np.log2(df.budget / df.tokens).round())   # one s per width
+    law = _fit(0.5).law
+    pairs = analysis.same_width_pairs(runs, law)
+    assert len(pairs) == 3 * 2 * 4 and (pairs.gap > 0).all()
+    approx = law.size_slope(pairs.n_eff) * pairs.log_ratio
+    np.testing.assert_allclose(pairs.gap, approx, rtol=0.02)
+    table = analysis.gaps_by_budget(runs)
+    assert list(table.columns) == [2, 4] and len(table) == 3
+    np.testing.assert_allclose(table.std(), 0.0, atol=1e-12)
+    summary = analysis.same_width_gaps(runs)
+    np.testing.assert_allclose(summary.mean_gap, table.mean())
+
+
+def test_gaps_reading_says_which_way_the_gaps_move():
+    paper = _runs(0.5).assign(s=lambda df: np.log2(df.budget / df.tokens).round())
+    ours = paper.assign(loss=paper.loss + 0.02 * np.log10(paper.budget / 1e17) * (paper.r == 4))
+    text = prose.gaps_reading(ours, paper, _fit(0.5), _fit(0.5).law)
+    assert "r = 4$ gap" in text and "(it grows)" in text and "(it changes little)" in text
+    assert "nan" not in text

@@ -6,9 +6,9 @@ import pandas as pd
 
 from ..config import R_VALUES
 from ..fit import at_bounds
-from ..law import residuals
+from ..law import as_law, residuals
 from ..solver import HI, LAW_PARAMS, LO
-from ..studies.analysis import gap_side
+from ..studies.analysis import gap_side, gaps_by_budget, same_width_pairs
 from ..studies.case_studies import CELL_NOISE, CaseStudy, token_gain
 from ..studies.paper import PAPER_PHI, PAPER_PHI_CI, paper_fits, paper_table
 from .palette import _SYMBOLS as _SYMBOL
@@ -104,6 +104,42 @@ def law_form_reading(joint, per_r: dict | None = None, gaps=None, paper_gaps=Non
                      f"{high.phi:.3f} (upper, $R^2$ {high.r2:.3f}), a change of {high.phi - low.phi:+.3f} against "
                      f"{p_half:+.2f} in the paper{better}.")
     return "  ".join(parts)
+
+
+def gaps_reading(runs, paper_runs, law, paper_law) -> str:
+    """What the same-width gaps do with the budget and why larger gaps need not mean a smaller
+    phi (Markdown): for the largest r, the mean gap at the lowest and highest budget in ``runs``
+    (ours, fitted by ``law``) and in ``paper_runs`` (the paper's grid under ``paper_law``), then
+    the gap split into the size term's slope per e-fold of N_eff times the log N_eff ratio.
+    ``law``, ``paper_law``: a Law or a fit result."""
+    law, paper_law = as_law(law), as_law(paper_law)
+
+    def ends(table):
+        column = table[table.columns.max()].dropna()
+        return column.iloc[0], column.iloc[-1]
+
+    def trend(first, last):
+        return "grows" if last - first > 0.01 else "shrinks" if first - last > 0.01 else "changes little"
+
+    ours, paper = gaps_by_budget(runs), gaps_by_budget(paper_runs)
+    r = int(ours.columns.max())
+    (o0, o1), (p0, p1) = ends(ours), ends(paper)
+    text = (f"From the lowest to the highest budget the $r = {r}$ gap goes from {o0:+.3f} to {o1:+.3f} nats in our "
+            f"runs (it {trend(o0, o1)}) and from {p0:+.3f} to {p1:+.3f} in the paper's law on its grid (it "
+            f"{trend(p0, p1)}).  ")
+    split = []
+    for pairs, fitted in ((same_width_pairs(runs, law), law), (same_width_pairs(paper_runs, paper_law), paper_law)):
+        at_r = pairs[pairs["r"] == r]
+        slope = float(fitted.size_slope(np.exp(np.log(at_r["n_eff"]).mean())))
+        split.append((float(at_r["log_ratio"].mean()), slope))
+    (lo, so), (lp, sp) = split
+    return text + (f"A larger gap need not mean a smaller $\\varphi$: a gap is about the size term's fall per e-fold "
+                   f"of $N_\\mathrm{{eff}}$, $\\alpha A N_\\mathrm{{eff}}^{{-\\alpha}}$, times the log of the two "
+                   f"models' $N_\\mathrm{{eff}}$ ratio.  At $r = {r}$ our $\\varphi$ puts that ratio at {lo:.2f} "
+                   f"e-folds against {lp:.2f} on the paper's grid, but at our model sizes the size term falls "
+                   f"{so:.2f} nats per e-fold against {sp:.2f} at the paper's, so the products are {lo * so:.3f} and "
+                   f"{lp * sp:.3f} "
+                   f"nats.")
 
 
 def lr_verdict(table: pd.DataFrame, tolerance: float = 0.01) -> str:

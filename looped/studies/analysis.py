@@ -223,16 +223,33 @@ def minima_exponents(minima, min_cells: int = 2):
     return pd.DataFrame(rows)
 
 
+def same_width_pairs(runs, law=None):
+    """Every (budget, width s) at which both the plain model and a looped model were trained:
+    budget, s, r, the looped model's loss minus the plain model's (``gap``, nats; same width,
+    hence almost the same FLOPs per token and tokens) and, given a ``law``, the log of the plain
+    model's N_eff over the looped one's (``log_ratio``) and their geometric-mean N_eff."""
+    cols = ["budget", "s", "loss", "n_once", "n_rec"]
+    plain = runs[runs["r"] == 1][cols].rename(columns={c: f"{c}_plain" for c in cols[2:]})
+    m = runs[runs["r"] > 1][cols + ["r"]].merge(plain, on=["budget", "s"])
+    m["gap"] = m["loss"] - m["loss_plain"]
+    if law is not None:
+        n_looped = law.effective_n(m["n_once"], m["n_rec"], m["r"])
+        n_plain = m["n_once_plain"] + m["n_rec_plain"]
+        m["log_ratio"], m["n_eff"] = np.log(n_plain / n_looped), np.sqrt(n_plain * n_looped)
+    return m[["budget", "s", "r", "gap"] + (["log_ratio", "n_eff"] if law is not None else [])]
+
+
+def gaps_by_budget(runs) -> "pd.DataFrame":
+    """Mean same-width gap (`same_width_pairs`) per budget (rows) and r (columns)."""
+    table = same_width_pairs(runs).groupby(["budget", "r"])["gap"].mean().unstack("r")
+    table.columns = table.columns.astype(int)
+    return table
+
+
 def same_width_gaps(runs):
-    """Model-free view of what looping costs: for every (budget, width s) at which both the plain
-    model and a looped model were trained, the looped model's loss minus the plain model's
-    (nats; same width, hence almost the same FLOPs per token and tokens).  Summarised per r:
+    """Model-free view of what looping costs: the gaps of `same_width_pairs` summarised per r:
     number of matched pairs, mean, smallest and largest gap."""
-    plain = runs[runs["r"] == 1][["budget", "s", "loss"]].rename(columns={"loss": "plain"})
-    looped = runs[runs["r"] > 1][["budget", "s", "r", "loss"]]
-    m = looped.merge(plain, on=["budget", "s"])
-    m["gap"] = m["loss"] - m["plain"]
-    g = m.groupby("r")["gap"]
+    g = same_width_pairs(runs).groupby("r")["gap"]
     out = pd.DataFrame({"pairs": g.size(), "mean_gap": g.mean(), "min_gap": g.min(), "max_gap": g.max()})
     out.index = out.index.astype(int)
     return out
