@@ -243,3 +243,6 @@ def test_the_key_findings_follow_the_numbers():
                                                  (glance["paper_drift_lo"], glance["paper_drift_hi"])))
     assert glance["repro_drift"].startswith("not resolved") == both_span
     assert f"{abs(glance['drift']):.3f} per decade" in key
+    syn = constancy.synthetic_frame(results)
+    assert glance["syn_min_coverage"] == syn[syn.design == "the paper's design"].coverage.min()
+    assert glance["repro_recovery"] in ("yes", "no")
