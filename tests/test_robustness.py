@@ -192,13 +192,20 @@ def test_json_is_plain():
 
 def test_phi_vs_compute_tables(exact):
     out = R.phi_vs_compute(exact, restarts=20, bootstrap=3, boot_restarts=1, multi_restarts=4, multi_boot_restarts=1)
-    assert set(out) == {"per_budget", "windows", "paper_per_budget", "trend"}
+    assert set(out) == {"per_budget", "windows", "paper_per_budget", "paper_windows", "trend"}
     assert list(out["windows"][["budget_lo", "budget_hi"]].itertuples(index=False, name=None)) == list(
         zip(BUDGETS[:-1], BUDGETS[1:])
     )
     np.testing.assert_allclose(out["windows"]["phi"], 0.5, atol=0.03)
     paper = out["paper_per_budget"]
     assert len(paper) == 6 and (paper["n_cells"] == 4).all() and paper["phi"].between(0.2, 0.8).all()
+    windows = out["paper_windows"]
+    assert len(windows) == 5 and (windows["n_cells"] == 8).all()
+    assert (windows["budget_lo"].to_numpy() == paper["budget"].to_numpy()[:-1]).all()
+    # a window's phi lies between (or near) the phis of its two budgets
+    lo = np.minimum(paper["phi"].to_numpy()[:-1], paper["phi"].to_numpy()[1:])
+    hi = np.maximum(paper["phi"].to_numpy()[:-1], paper["phi"].to_numpy()[1:])
+    assert ((windows["phi"] >= lo - 0.02) & (windows["phi"] <= hi + 0.02)).all()
     assert list(out["trend"]["data"]) == ["ours", "paper_minima"] and out["trend"]["n_budgets"].tolist() == [4, 6]
 
 

@@ -382,7 +382,7 @@ def seed_sd(runs) -> float:
 
 def main(argv=None) -> int:
     """`python -m looped.studies.paired --out runs/analysis/paired.json [--quick] [--runs runs]`."""
-    ap = argparse.ArgumentParser(prog="looped.studies.paired", description="Paired case-study estimators.")
+    ap = argparse.ArgumentParser(prog="looped paired", description="Paired case-study estimators.")
     ap.add_argument("--out", required=True)
     ap.add_argument("--runs", default="runs")
     ap.add_argument("--quick", action="store_true", help="few restarts, resamples and simulation reps")

@@ -45,7 +45,8 @@ def read_results(path=RESULTS) -> dict:
     out = {"robustness": pd.DataFrame(raw["robustness"]), "summary": gof["summary"], "settings": raw["settings"],
            "synthetic": pd.DataFrame([dict(scenario=k, **v["summary"]) for k, v in raw["synthetic"].items()])}
     out.update({k: pd.DataFrame(gof[k]) for k in ("by_r", "by_position", "by_role", "lobo", "residuals")})
-    out.update({k: pd.DataFrame(pvc[k]) for k in ("per_budget", "windows", "paper_per_budget", "trend")})
+    out.update({k: pd.DataFrame(pvc[k]) for k in ("per_budget", "windows", "paper_per_budget", "paper_windows",
+                                                  "trend")})
     return out
 
 
@@ -192,20 +193,23 @@ def phi_trend(df, restarts=200, bootstrap=200, seed=0, boot_restarts=8, fix=None
 
 def phi_vs_compute(df, restarts=500, bootstrap=200, seed=0, boot_restarts=None, multi_restarts=200,
                    multi_boot_restarts=8) -> dict:
-    """per_budget (our runs, per_budget_phi), windows (window_phi), paper_per_budget (the paper's
-    24 minima, its five other published parameters held: budget, phi, n_cells), trend (phi_trend,
-    one row per data set: 'ours', 'paper_minima')."""
+    """per_budget (our runs, per_budget_phi), windows (window_phi), paper_per_budget and
+    paper_windows (the paper's 24 minima per budget and per two consecutive budgets, its five
+    other published parameters held: budget or budget_lo/budget_hi, phi, n_cells), trend
+    (phi_trend, one row per data set: 'ours', 'paper_minima')."""
     df = check_runs(df)
     kw = dict(restarts=multi_restarts, seed=seed, bootstrap=bootstrap, boot_restarts=multi_boot_restarts)
     five = {k: v for k, v in published_law().items() if k in FIVE}
     minima = paper_minima()
-    paper = [
-        dict(budget=v, phi=fit(s.reset_index(drop=True), restarts=restarts, seed=seed, fix=five).phi, n_cells=len(s))
-        for v, s in minima.groupby("budget")
-    ]
+    held = lambda s: fit(s.reset_index(drop=True), restarts=restarts, seed=seed, fix=five).phi  # noqa: E731
+    paper = [dict(budget=v, phi=held(s), n_cells=len(s)) for v, s in minima.groupby("budget")]
+    b = sorted(minima["budget"].unique())
+    pairs = [minima[minima["budget"].isin(b[i:i + 2])] for i in range(len(b) - 1)]
     return dict(per_budget=per_budget_phi(df, **kw),
                 windows=window_phi(df, restarts=restarts, bootstrap=bootstrap, seed=seed, boot_restarts=boot_restarts),
                 paper_per_budget=pd.DataFrame(paper),
+                paper_windows=pd.DataFrame([dict(budget_lo=s["budget"].min(), budget_hi=s["budget"].max(),
+                                                 phi=held(s), n_cells=len(s)) for s in pairs]),
                 trend=pd.DataFrame([dict(data="ours", **phi_trend(df, **kw)),
                                     dict(data="paper_minima", **phi_trend(minima, fix=five, **kw))]))
 
@@ -347,7 +351,7 @@ def run_all(df, seed_df, s: dict, seed=0) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m looped.studies.robustness", description="Robustness studies of phi.")
+    ap = argparse.ArgumentParser(prog="looped robustness", description="Robustness studies of phi.")
     ap.add_argument("--runs", default=str(REPO / "runs" / "cpu-main"), help="runs of the main fit (folder or CSV)")
     ap.add_argument("--seeds", nargs="*", default=[str(REPO / "runs" / n) for n in ("prose-seeds", "cpu-replicates")],
                     help="replicate runs (folders or CSVs; absent ones skipped)")
