@@ -319,3 +319,26 @@ def paired_estimates(res: dict) -> pd.DataFrame:
         rows.append({"estimator": label, "dphi": e.estimate, "lo": e.lo, "hi": e.hi, "runs": int(e.n),
                      "sim_bias": s.get("bias", np.nan), "sim_coverage": s.get("coverage", np.nan)})
     return pd.DataFrame(rows)
+
+
+DPHI_FORMATS = {"dphi": "{:+.3f}", "lo": "{:+.3f}", "hi": "{:+.3f}"}
+
+
+def paired_tables(res: dict, gains_caption: str = "", caption: str | None = None,
+                  simulated: bool = True) -> tuple["Table", "Table"]:
+    """A case study's paired analysis as the chapters show it: the estimates of the change in phi
+    (`paired_estimates`, with how each did in simulation unless ``simulated`` is False) and the
+    paired gains by r (variant minus baseline log-loss), captioned ``gains_caption``."""
+    estimates = paired_estimates(res)
+    if not simulated:
+        estimates = estimates.drop(columns=["sim_bias", "sim_coverage"])
+    caption = caption or "Three estimates of the change in φ on our runs, and how each did in simulation"
+    first = Table(estimates, caption, headers={"dphi": "Δφ", "lo": "2.5%", "hi": "97.5%", "sim_bias": "simulated bias",
+                                               "sim_coverage": "simulated coverage"},
+                  formats=DPHI_FORMATS | {"sim_bias": "{:+.3f}", "sim_coverage": "{:.0%}"})
+    gains = res["gains_by_r"]
+    second = Table(gains.assign(r=gains.r.astype(int)), gains_caption,
+                   headers={"n": "pairs", "se": "standard error", "lo": "2.5%", "hi": "97.5%"},
+                   formats={c: "{:+.4f}" for c in ("mean", "lo", "hi")} | {c: "{:.4f}" for c in ("sd", "se")})
+    return first, second
+

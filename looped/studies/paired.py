@@ -283,9 +283,10 @@ ESTIMATORS = ("paper", "paired", "paired_offset")
 def read_results(path=RESULTS) -> dict:
     """The committed results of `looped paired`, per case study: its estimates of dphi (one row
     per estimator, and the offset), its paired gains by r (variant minus baseline log-loss) and
-    the simulation of the estimators at the estimated dphi; plus the settings and the main fit."""
+    the simulation of the estimators at the estimated dphi; plus the settings, the main fit and
+    the run time in seconds."""
     raw = json.loads(Path(path).read_text())
-    out = {"settings": raw["settings"], "main_fit": raw["main_fit"], "studies": {}}
+    out = {"settings": raw["settings"], "main_fit": raw["main_fit"], "seconds": raw["seconds"], "studies": {}}
     for name, st in raw["studies"].items():
         if "paired" not in st:
             continue
