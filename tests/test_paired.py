@@ -174,3 +174,12 @@ def test_the_key_line_says_what_the_offset_does_and_which_estimate_is_read():
     same = prose.paired_key(_estimates((0.05, 0.02, 0.08), (0.04, 0.01, 0.07)), -0.07)
     assert "on the other side of zero" in same and "offset" not in same
     assert "covers" not in same and "cover the truth 97% of the time with an SD of 0.012, against 0.030" in same
+
+
+def test_the_paired_verdict_follows_one_rule():
+    from looped.report.prose import paired_reproduced
+    assert paired_reproduced(_estimates((0.25, 0.15, 0.3), (-0.26, -0.44, -0.14)), 0.19).startswith("not identified")
+    assert paired_reproduced(_estimates((-0.05, -0.07, -0.02), (-0.02, -3.0, 0.03)), -0.07) == \
+        "yes (not resolved with an offset free)"
+    assert paired_reproduced(_estimates((0.05, 0.02, 0.08), (0.04, 0.01, 0.07)), -0.07) == "no (opposite sign)"
+    assert paired_reproduced(_estimates((0.01, -0.02, 0.04), (0.04, 0.01, 0.07)), -0.07).startswith("not resolved")

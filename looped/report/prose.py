@@ -410,3 +410,16 @@ def paired_key(res: dict, paper_delta: float, matched: dict | None = None) -> st
                  f"{sim.loc['paired', 'coverage']:.0%} of the time with an SD of {sim.loc['paired', 'sd']:.3f}, "
                  f"against {sim.loc['paper', 'sd']:.3f} for the paper's protocol")
     return text[0].upper() + text[1:] + "."
+
+
+def paired_reproduced(res: dict, paper_delta: float) -> str:
+    """`reproduced`'s verdict for the paired estimate, qualified by what freeing an r-independent
+    offset does to it: 'not identified' when the offset flips a resolved sign."""
+    est = res["estimates"].set_index("estimator")
+    p, q = est.loc["paired"], est.loc["paired_offset"]
+    if p.lo <= 0 <= p.hi:
+        return "not resolved (interval contains 0)"
+    if not (q.lo <= 0 <= q.hi) and (p.estimate > 0) != (q.estimate > 0):
+        return "not identified (an r-independent offset flips its sign)"
+    verdict = "yes" if (p.estimate > 0) == (paper_delta > 0) else "no (opposite sign)"
+    return verdict + (" (not resolved with an offset free)" if q.lo <= 0 <= q.hi else "")
