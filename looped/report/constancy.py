@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 
 from ..studies.paper import PAPER_PHI_CI
+from .formatting import power_of_ten
 from .palette import LEGEND_FONTSIZE, OURS_COLOR, PAPER_COLOR, plain_log_axis
 
 VARIANTS = {  # robustness_table's variants, as the reader should read them
@@ -115,7 +116,7 @@ def reading(results: dict) -> dict:
             f"The residual RMSE, {s['rmse']:.3f} nats, is {s['rmse_over_seed_sd']:.1f} times the seed noise "
             f"({s['seed_sd']:.3f} nats from {s['n_replicate_runs']} replicate runs in {s['n_groups']} groups); "
             f"the lack-of-fit test gives F = {s['F']:.1f} on ({s['df1']}, {s['df_pe']}) degrees of freedom, "
-            f"p = {s['p_value']:.2g}.  The largest mean residual by r is {gof.loc[worst, 'mean']:+.3f} nats at "
+            f"p = {_p_text(s['p_value'])}.  The largest mean residual by r is {gof.loc[worst, 'mean']:+.3f} nats at "
             f"r = {int(worst)}."),
         "position": _position_sentence(results["by_role"].set_index("role")["mean"]),
         "drift": (
@@ -188,6 +189,11 @@ def key_findings(results: dict) -> str:
                    f"{'falls' if ours.phi1 < 0 else 'rises'} by {abs(ours.phi1):.3f} per decade of compute across our "
                    f"budgets, a drift {'resolved' if resolved else 'not resolved'} (95% bootstrap interval "
                    f"[{ours.phi1_boot_lo:+.3f}, {ours.phi1_boot_hi:+.3f}]).")
+
+
+def _p_text(p: float) -> str:
+    """A p-value for prose: two digits, as a power of ten below 0.001 (never '1e-10')."""
+    return f"{p:.2g}" if p >= 1e-3 else power_of_ten(p, 2)
 
 
 def _position_sentence(mean) -> str:
