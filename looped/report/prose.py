@@ -138,8 +138,7 @@ def gaps_reading(runs, paper_runs, law, paper_law) -> str:
                    f"models' $N_\\mathrm{{eff}}$ ratio.  At $r = {r}$ our $\\varphi$ puts that ratio at {lo:.2f} "
                    f"e-folds against {lp:.2f} on the paper's grid, but at our model sizes the size term falls "
                    f"{so:.2f} nats per e-fold against {sp:.2f} at the paper's, so the products are {lo * so:.3f} and "
-                   f"{lp * sp:.3f} "
-                   f"nats.")
+                   f"{lp * sp:.3f} nats.")
 
 
 def lr_verdict(table: pd.DataFrame, tolerance: float = 0.01) -> str:
@@ -357,6 +356,15 @@ def _side(e, paper_delta: float) -> str:
     return "on the paper's side of zero" if (e["estimate"] > 0) == (paper_delta > 0) else "on the other side of zero"
 
 
+def _offset_effect(paired, with_offset) -> str:
+    """What freeing an r-independent offset does to a resolved paired estimate: 'flips' (both
+    resolved, opposite signs), 'unresolves' (only the paired one resolved) or 'keeps'."""
+    resolved = [not (e.lo <= 0 <= e.hi) for e in (paired, with_offset)]
+    if all(resolved) and (paired.estimate > 0) != (with_offset.estimate > 0):
+        return "flips"
+    return "unresolves" if resolved[0] and not resolved[1] else "keeps"
+
+
 def paired_reading(res: dict, paper_delta: float) -> str:
     """The paired estimates of a case study's change in phi (`looped.studies.paired.read_results`),
     read beside the paper's protocol on the same runs, with one rule for every case study."""
@@ -367,11 +375,11 @@ def paired_reading(res: dict, paper_delta: float) -> str:
             f"on the same runs gives {o.estimate:+.3f} [{o.lo:+.3f}, {o.hi:+.3f}], {_side(o, paper_delta)}.  "
             f"Letting the variant also shift every r's log-loss alike (by {off['estimate']:+.4f} "
             f"[{off['lo']:+.4f}, {off['hi']:+.4f}]) gives Δφ = {q.estimate:+.3f} [{q.lo:+.3f}, {q.hi:+.3f}]")
-    resolved = [not (e.lo <= 0 <= e.hi) for e in (p, q)]
-    if all(resolved) and (p.estimate > 0) != (q.estimate > 0):
+    effect = _offset_effect(p, q)
+    if effect == "flips":
         text += (": the sign of Δφ turns on whether the variant also helps every r alike, so these runs measure a "
                  "gain, and which part of it is a change in φ is not identified by the law's form alone.")
-    elif resolved[0] and not resolved[1]:
+    elif effect == "unresolves":
         text += ": with that offset free, the change in φ is no longer resolved."
     else:
         text += ", the same reading."
@@ -394,11 +402,11 @@ def paired_key(res: dict, paper_delta: float, matched: dict | None = None) -> st
     ci = lambda e: f"{e.estimate:+.3f} [{e.lo:+.3f}, {e.hi:+.3f}]"  # noqa: E731
     text = (f"each variant run against its baseline twin (the law held at the main fit), Δφ = {ci(p)}, "
             f"{_side(p, paper_delta)}")
-    resolved = [not (e.lo <= 0 <= e.hi) for e in (p, q)]
-    if all(resolved) and (p.estimate > 0) != (q.estimate > 0):
+    effect = _offset_effect(p, q)
+    if effect == "flips":
         text += (f"; with an r-independent offset free, {ci(q)}: the runs measure a gain whose split into a change "
                  "of φ and an offset they do not identify")
-    elif resolved[0] and not resolved[1]:
+    elif effect == "unresolves":
         text += f"; with an r-independent offset free, {ci(q)}, no longer resolved"
     if matched is not None:
         m = matched["estimates"].set_index("estimator").loc["paired"]
@@ -419,7 +427,8 @@ def paired_reproduced(res: dict, paper_delta: float) -> str:
     p, q = est.loc["paired"], est.loc["paired_offset"]
     if p.lo <= 0 <= p.hi:
         return "not resolved (interval contains 0)"
-    if not (q.lo <= 0 <= q.hi) and (p.estimate > 0) != (q.estimate > 0):
+    effect = _offset_effect(p, q)
+    if effect == "flips":
         return "not identified (an r-independent offset flips its sign)"
     verdict = "yes" if (p.estimate > 0) == (paper_delta > 0) else "no (opposite sign)"
-    return verdict + (" (not resolved with an offset free)" if q.lo <= 0 <= q.hi else "")
+    return verdict + (" (not resolved with an offset free)" if effect == "unresolves" else "")

@@ -321,9 +321,6 @@ def paired_estimates(res: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-DPHI_FORMATS = {"dphi": "{:+.3f}", "lo": "{:+.3f}", "hi": "{:+.3f}"}
-
-
 def paired_tables(res: dict, gains_caption: str = "", caption: str | None = None,
                   simulated: bool = True) -> tuple["Table", "Table"]:
     """A case study's paired analysis as the chapters show it: the estimates of the change in phi
@@ -335,10 +332,9 @@ def paired_tables(res: dict, gains_caption: str = "", caption: str | None = None
     caption = caption or "Three estimates of the change in φ on our runs, and how each did in simulation"
     first = Table(estimates, caption, headers={"dphi": "Δφ", "lo": "2.5%", "hi": "97.5%", "sim_bias": "simulated bias",
                                                "sim_coverage": "simulated coverage"},
-                  formats=DPHI_FORMATS | {"sim_bias": "{:+.3f}", "sim_coverage": "{:.0%}"})
+                  formats=dict.fromkeys(("dphi", "lo", "hi", "sim_bias"), "{:+.3f}") | {"sim_coverage": "{:.0%}"})
     gains = res["gains_by_r"]
     second = Table(gains.assign(r=gains.r.astype(int)), gains_caption,
                    headers={"n": "pairs", "se": "standard error", "lo": "2.5%", "hi": "97.5%"},
                    formats={c: "{:+.4f}" for c in ("mean", "lo", "hi")} | {c: "{:.4f}" for c in ("sd", "se")})
     return first, second
-
