@@ -38,3 +38,15 @@ def test_the_totals_in_the_text():
     assert f"about {one_gpu:.0f} H200-hours" in README
     assert f"about {paper:.0f} H200-hours, some {paper / 24:.0f} days on" in README
     assert f"or {paper / 8 / 24:.1f} days on an 8-GPU node" in README
+
+
+def test_the_studies_table_counts_the_registered_runs():
+    """Each CPU study's run count in the README's studies table is its grid's."""
+    from looped.studies.registry import load_study
+    rows = {m[0]: m[1] for m in re.findall(r"^\| `([\w-]+)`[^|]* \| `prose` \| (.*) \|$", README, re.M)}
+    n = {s: len(load_study(s)) for s in ("cpu-main", "cpu-truncated", "cpu-hyper", "cpu-controls", "cpu-matched",
+                                         "cpu-replicates", "cpu-drift")}
+    assert f"{n['cpu-main']} runs" in rows["cpu-main"]
+    assert n["cpu-truncated"] == n["cpu-hyper"] and f"{n['cpu-hyper']} runs each" in rows["cpu-truncated"]
+    assert f"({n['cpu-controls']} runs)" in rows["cpu-controls"] and f"({n['cpu-matched']})" in rows["cpu-controls"]
+    assert f"({n['cpu-replicates']} runs)" in rows["cpu-replicates"] and f"({n['cpu-drift']} runs" in rows["cpu-drift"]

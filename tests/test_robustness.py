@@ -210,6 +210,27 @@ def test_phi_vs_compute_tables(exact):
     assert list(out["trend"]["data"]) == ["ours", "paper_minima"] and out["trend"]["n_budgets"].tolist() == [4, 6]
 
 
+def test_a_further_budget_is_predicted_refitted_and_joins_the_drift_fits(exact):
+    """Runs at a fifth budget: the four-budget fit predicts them; once every r has a run there, they
+    join the refit and the phi-against-compute fits; a budget still missing an r is only predicted."""
+    far = runs(noise=1e-4, budgets=(5e13,), sizes=(6, 8))
+    held = R.goodness_of_fit(exact, restarts=8, drift=far)["holdout"]
+    assert held["budget"].tolist() == [5e13] and held["n_runs"].tolist() == [8]
+    assert abs(held["mean_error"].iloc[0]) < 2e-3 and np.isnan(held["rmse_over_seed_sd"].iloc[0])  # no replicates
+    kw = dict(restarts=8, bootstrap=2, boot_restarts=1, multi_restarts=4, multi_boot_restarts=1)
+    t = R.robustness_table(exact, drift=far, **kw).set_index("variant")
+    assert t.index[-1] == "with_drift_budgets" and t.loc["with_drift_budgets", "n_runs"] == len(exact) + 8
+    assert abs(t.loc["with_drift_budgets", "phi"] - 0.5) < 0.01
+    pvc = R.phi_vs_compute(exact, drift=far, **kw)
+    assert pvc["per_budget"]["budget"].tolist() == [*BUDGETS, 5e13] and pvc["trend"]["n_budgets"].tolist() == [5, 6]
+    partial = far[far["r"] != 8]
+    assert len(R.add_budgets(exact, partial)[1]) == 0
+    assert "with_drift_budgets" not in R.robustness_table(exact, drift=partial, **kw)["variant"].tolist()
+    assert R.goodness_of_fit(exact, restarts=8, drift=partial)["holdout"]["n_runs"].tolist() == [6]
+    with pytest.raises(FitError, match="repeat budget"):
+        R.add_budgets(exact, exact)
+
+
 def test_fit_multi_rejects_a_design_that_does_not_line_up(exact):
     with pytest.raises(FitError, match="rows"), pytest.warns(UserWarning, match="status"):
         M.fit_multi(exact.assign(status=["ok"] * (len(exact) - 1) + ["failed"]), np.ones((len(exact), 1)), ["phi"])
@@ -220,7 +241,9 @@ def test_the_committed_results_rerun_in_small(tmp_path):
     0.01 of the committed full run's (the bootstrap intervals shrink with its fewer resamples)."""
     committed = R.read_results()
     out = tmp_path / "quick.json"
-    assert R.main(["--quick", "--out", str(out), "--runs", str(R.REPO / committed["settings"]["runs"])]) == 0
+    drift = [str(R.REPO / p) for p in committed["settings"].get("drift", [])]
+    assert R.main(["--quick", "--out", str(out), "--runs", str(R.REPO / committed["settings"]["runs"]),
+                   "--drift", *drift]) == 0
     quick = R.read_results(out)
     assert list(quick["robustness"].variant) == list(committed["robustness"].variant)
     assert np.allclose(quick["robustness"].phi, committed["robustness"].phi, atol=0.01)
@@ -254,3 +277,30 @@ def test_the_key_findings_follow_the_numbers():
     syn = constancy.synthetic_frame(results)
     assert glance["syn_min_coverage"] == syn[syn.design == "the paper's design"].coverage.min()
     assert glance["repro_recovery"] in ("yes", "no")
+
+
+def test_the_chapter_reports_a_further_budget_and_what_is_still_running():
+    """With drift runs in the results: the prediction of the unseen budget, φ with it added, the refit's
+    label, and how many of the planned runs the analysis used; without them, none of that."""
+    from looped.report import constancy
+    results = R.read_results()
+    base = {k: v.copy() if hasattr(v, "copy") else v for k, v in results.items()}
+    assert constancy._holdout_sentence(base, constancy.robustness_frame(base)) == ""
+    extra = dict(base, settings=dict(base["settings"], n_drift_runs=8, n_drift_joined=8, n_drift_planned=20),
+                 holdout=pd.DataFrame([dict(budget=5e13, n_runs=8, mean_error=0.0123, rmse=0.0311,
+                                            rmse_over_seed_sd=2.4)]),
+                 per_budget=pd.concat([base["per_budget"], base["per_budget"].iloc[[-1]].assign(budget=5e13)]),
+                 robustness=pd.concat([base["robustness"], base["robustness"].iloc[[0]].assign(
+                     variant="with_drift_budgets", phi=0.6123, phi_lo=0.5, phi_hi=0.7)]))
+    assert constancy.added_budgets(extra) == [5e13]
+    assert constancy.robustness_frame(extra).refit.iloc[-1] == "with C = 5×10¹³ added"
+    said = constancy.reading(extra)
+    assert "predicts the 8 runs at C = 5×10¹³" in said["drift"] and "+0.012 nats" in said["drift"]
+    assert "φ = 0.612 [0.500, 0.700]" in said["drift"]
+    assert "8 of its 20 runs" in said["pending"] and "predicted but not yet fitted" not in said["pending"]
+    waiting = dict(extra, settings=dict(extra["settings"], n_drift_joined=0))
+    assert "predicted but not yet fitted" in constancy.reading(waiting)["pending"]
+    none = dict(base, settings=dict(base["settings"], n_drift_runs=0, n_drift_joined=0, n_drift_planned=20))
+    assert "(20 runs) is still to run" in constancy.reading(none)["pending"]
+    done = dict(extra, settings=dict(extra["settings"], n_drift_runs=20))
+    assert "all 20 runs of the larger budget" in constancy.reading(done)["pending"]

@@ -31,10 +31,20 @@ def overlaps_paper(lo: float, hi: float) -> bool:
     return lo <= PAPER_PHI_CI[1] and hi >= PAPER_PHI_CI[0]
 
 
+def added_budgets(results: dict) -> list:
+    """The budgets beyond the main runs that joined the φ-against-compute fits (the drift study)."""
+    return sorted(set(results["per_budget"].budget) - set(results["lobo"].budget))
+
+
+def _budgets_text(budgets) -> str:
+    return " and ".join(power_of_ten(b) for b in budgets)
+
+
 def robustness_frame(results: dict) -> pd.DataFrame:
     """One row per refit: φ, its 95% interval, R², RMSE, runs, and whether the interval meets the paper's."""
     t = results["robustness"]
-    return pd.DataFrame({"refit": t.variant.map(VARIANTS).fillna(t.variant), "phi": t.phi, "phi_lo": t.phi_lo,
+    names = VARIANTS | {"with_drift_budgets": f"with C = {_budgets_text(added_budgets(results))} added"}
+    return pd.DataFrame({"refit": t.variant.map(names).fillna(t.variant), "phi": t.phi, "phi_lo": t.phi_lo,
                          "phi_hi": t.phi_hi, "r2": t.r2, "rmse": t.rmse, "n_runs": t.n_runs,
                          "meets the paper's": [overlaps_paper(lo, hi) for lo, hi in zip(t.phi_lo, t.phi_hi)]})
 
@@ -130,7 +140,8 @@ def reading(results: dict) -> dict:
             + (f"; the jackknife interval built on that, [{ours.phi1_jack_lo:+.3f}, {ours.phi1_jack_hi:+.3f}], "
                "excludes zero, but it measures only how φ₁ depends on which budgets are fitted, not the noise of "
                "the runs within them, so the block bootstrap, which resamples the cells, is the interval we read."
-               if jackknife_only else ".")),
+               if jackknife_only else "."))
+        + _holdout_sentence(results, t),
         "recovery": (
             "On data drawn from a known law with our measured noise, the fit recovers φ with bias "
             + ", ".join(f"{r.bias:+.3f} ({r.design}, {r.noise} noise, coverage {r.coverage:.0%})"
@@ -138,6 +149,7 @@ def reading(results: dict) -> dict:
             + f" over {int(syn.draws.min())} draws each: on our design the protocol alone would pin a constant φ to "
             f"a standard deviation of {syn[syn.design == 'our design'].sd.max():.3f}."),
         "meaning": _meaning(s["p_value"], [m for m in moved if "counted in N" in m], apart, ours),
+        "pending": _pending_sentence(results),
         "key": key_findings(results),
     }
 
@@ -189,6 +201,42 @@ def key_findings(results: dict) -> str:
                    f"{'falls' if ours.phi1 < 0 else 'rises'} by {abs(ours.phi1):.3f} per decade of compute across our "
                    f"budgets, a drift {'resolved' if resolved else 'not resolved'} (95% bootstrap interval "
                    f"[{ours.phi1_boot_lo:+.3f}, {ours.phi1_boot_hi:+.3f}]).")
+
+
+def _holdout_sentence(results: dict, frame: pd.DataFrame) -> str:
+    """How well the main fit predicts the budgets it never saw, and φ once they are added ('' if none)."""
+    held = results["holdout"]
+    if not len(held):
+        return ""
+    n_main = len(results["lobo"])
+    text = "".join(
+        f"  Fitted to our {n_main} main budgets alone, the law predicts the {int(h.n_runs)} runs at "
+        f"C = {power_of_ten(h.budget)}, a budget it never saw, with a mean error of {h.mean_error:+.3f} nats "
+        f"(RMSE {h.rmse:.3f}, {h.rmse_over_seed_sd:.1f} times the seed noise)."
+        for h in held.itertuples())
+    added = frame[results["robustness"].variant.eq("with_drift_budgets").to_numpy()]
+    if len(added):
+        row = added.iloc[0]
+        text += (f"  With {'it' if len(held) == 1 else 'them'} added, φ = {row.phi:.3f} "
+                 f"[{row.phi_lo:.3f}, {row.phi_hi:.3f}].")
+    return text
+
+
+def _pending_sentence(results: dict) -> str:
+    """Which runs this analysis used, and what is still to land (from the command's settings)."""
+    st, s = results["settings"], results["summary"]
+    text = f"This analysis used {int(s['n_replicate_runs'])} replicate runs for the seed noise"
+    planned, done = st.get("n_drift_planned"), int(st.get("n_drift_runs", 0))
+    if planned and done >= planned:
+        return text + f" and all {done} runs of the larger budget (`cpu-drift`)."
+    if not planned:
+        return text + "."
+    joined = int(st.get("n_drift_joined", 0))
+    so_far = (f"has {done} of its {planned} runs so far"
+              + ("" if joined else ", not yet one at every r, so they are predicted but not yet fitted")
+              if done else f"({planned} runs) is still to run")
+    return text + (f"; the larger budget (`cpu-drift`) {so_far}.  Rerun `looped robustness` once it is complete: "
+                   "a fifth budget is what would settle the drift.")
 
 
 def _p_text(p: float) -> str:

@@ -6,6 +6,8 @@ per budget, against the seed noise, and on synthetic data from a known law.
 robustness_table (variants), phi_vs_compute (per budget, windows, the paper's minima, trend),
 goodness_of_fit (seed SD, lack-of-fit F, residual patterns, leave-one-budget-out),
 synthetic_recovery (bias, SD, coverage of phi); `python -m looped.studies.robustness --out F`.
+Runs at a further budget (`--drift`, the cpu-drift study) are predicted by the main fit, refitted
+with the main runs, and join the phi-against-compute fits once they have a run at every r.
 Numbers only.  Forms `looped.fit` can express (transformed columns, subsets) are fitted by it;
 the others (several phis, a free kappa) by `fit_multi`: the same Huber-LSE objective from a warm
 start at the nested `looped.fit` optimum plus random starts, batched Levenberg-Marquardt then
@@ -30,11 +32,13 @@ from ..io import atomic_write_json, json_ready
 from ..solver import LAW_PARAMS, RunArrays, law_loss
 from .multifit import FIVE, NAN2, _cells, _rmse, check_runs, fit_multi, onehot
 from .paper import PAPER_DIR, PAPER_LAW, paper_grid, paper_table, runs_from_minima
+from .registry import STUDIES, load_study
 
 CONFIG = ("budget", "r", "s", "injection", "bptt_k")        # a replicate group: same config, other seed
 
 
 RESULTS = REPO / "runs" / "analysis" / "robustness.json"   # what `looped robustness` wrote, committed
+HOLDOUT_COLUMNS = ["budget", "n_runs", "mean_error", "rmse", "rmse_over_seed_sd"]
 
 
 def read_results(path=RESULTS) -> dict:
@@ -45,6 +49,7 @@ def read_results(path=RESULTS) -> dict:
     out = {"robustness": pd.DataFrame(raw["robustness"]), "summary": gof["summary"], "settings": raw["settings"],
            "synthetic": pd.DataFrame([dict(scenario=k, **v["summary"]) for k, v in raw["synthetic"].items()])}
     out.update({k: pd.DataFrame(gof[k]) for k in ("by_r", "by_position", "by_role", "lobo", "residuals")})
+    out["holdout"] = pd.DataFrame(gof.get("holdout", []), columns=HOLDOUT_COLUMNS)
     out.update({k: pd.DataFrame(pvc[k]) for k in ("per_budget", "windows", "paper_per_budget", "paper_windows",
                                                   "trend")})
     return out
@@ -83,6 +88,22 @@ def cell_interiors(df) -> pd.DataFrame:
     return df[(pos > 0) & (pos < size - 1)].reset_index(drop=True)
 
 
+def add_budgets(df, extra) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(df plus the budgets of `extra` that have a run at every r of df, those added runs): a budget
+    still missing an r would leave its own phi unidentified, so it waits.  FitError if `extra`
+    repeats a budget of df (replicates belong in --seeds)."""
+    if extra is None or not len(extra):
+        return df, df.iloc[:0]
+    extra = check_runs(extra, need=("budget", "s"))
+    twice = sorted(set(extra["budget"]) & set(df["budget"]))
+    if twice:
+        raise FitError(f"drift runs repeat budget(s) {', '.join(f'{b:g}' for b in twice)} of the main runs")
+    rs = set(df["r"])
+    ready = [b for b, g in extra.groupby("budget") if rs <= set(g["r"])]
+    added = extra[extra["budget"].isin(ready)]
+    return pd.concat([df, added], ignore_index=True), added.reset_index(drop=True)
+
+
 def _theta(law: dict) -> np.ndarray:
     return np.array([math.log(law["A"]), law["alpha"], math.log(law["B"]), law["beta"], math.log(law["E"]), law["phi"]])
 
@@ -118,10 +139,12 @@ def _row(res, df) -> dict:
 
 
 def robustness_table(df, restarts=500, bootstrap=200, seed=0, boot_restarts=None, multi_restarts=200,
-                     multi_boot_restarts=8, preset="prose") -> pd.DataFrame:
+                     multi_boot_restarts=8, preset="prose", drift=None) -> pd.DataFrame:
     """One row per variant: variant, phi, phi_lo, phi_hi (95% cell-bootstrap percentiles), r2 (raw
-    nats), rmse (loss-space residual RMSE, nats), n_runs, huber, kappa, kappa_lo, kappa_hi."""
+    nats), rmse (loss-space residual RMSE, nats), n_runs, huber, kappa, kappa_lo, kappa_hi.  With
+    `drift` runs, a last row 'with_drift_budgets': the law refitted with them added (add_budgets)."""
     df = check_runs(df)
+    joined, added = add_budgets(df, drift)
     b = sorted(df["budget"].unique())
     subsets = {"paper": df, "head_in_n_once": count_embeddings(df, preset=preset),
                "embedding_and_head_in_n_once": count_embeddings(df, embedding=True, preset=preset),
@@ -137,6 +160,10 @@ def robustness_table(df, restarts=500, bootstrap=200, seed=0, boot_restarts=None
     m = fit_multi(df, np.ones((len(df), 1)), ["phi"], kappa=True, **kw)
     rows.append(dict(variant="kappa_r_phi", **m.row("phi"), kappa=m.params["kappa"],
                      **dict(zip(("kappa_lo", "kappa_hi"), m.ci.get("kappa", NAN2)))))
+    if len(added):
+        rows.append(dict(variant="with_drift_budgets", **_row(fit(joined, restarts=restarts, seed=seed,
+                                                                  bootstrap=bootstrap, boot_restarts=boot_restarts),
+                                                              joined)))
     return pd.DataFrame(rows, columns=["variant", "phi", "phi_lo", "phi_hi", "r2", "rmse", "n_runs", "huber",
                                        "kappa", "kappa_lo", "kappa_hi"])
 
@@ -192,12 +219,13 @@ def phi_trend(df, restarts=200, bootstrap=200, seed=0, boot_restarts=8, fix=None
 
 
 def phi_vs_compute(df, restarts=500, bootstrap=200, seed=0, boot_restarts=None, multi_restarts=200,
-                   multi_boot_restarts=8) -> dict:
+                   multi_boot_restarts=8, drift=None) -> dict:
     """per_budget (our runs, per_budget_phi), windows (window_phi), paper_per_budget and
     paper_windows (the paper's 24 minima per budget and per two consecutive budgets, its five
     other published parameters held: budget or budget_lo/budget_hi, phi, n_cells), trend
-    (phi_trend, one row per data set: 'ours', 'paper_minima')."""
-    df = check_runs(df)
+    (phi_trend, one row per data set: 'ours', 'paper_minima').  Ours include the `drift` budgets
+    that have a run at every r (add_budgets)."""
+    df = add_budgets(check_runs(df), drift)[0]
     kw = dict(restarts=multi_restarts, seed=seed, bootstrap=bootstrap, boot_restarts=multi_boot_restarts)
     five = {k: v for k, v in published_law().items() if k in FIVE}
     minima = paper_minima()
@@ -237,12 +265,13 @@ def _by(e, keys, name) -> pd.DataFrame:
                          "rmse": g.apply(_rmse)}).reset_index()
 
 
-def goodness_of_fit(df, seed_df=None, restarts=500, seed=0, n_params=6) -> dict:
+def goodness_of_fit(df, seed_df=None, restarts=500, seed=0, n_params=6, drift=None) -> dict:
     """summary: rmse, resid_sd = sqrt(SS / (n - n_params)), replicate_sd's numbers, the lack-of-fit
     F = resid_sd^2 / seed_sd^2 (df1 = n - n_params, df2 = df_pe, p_value), phi, r2, law;
     by_r, by_position (0 = narrowest of its cell), by_role (narrowest/interior/widest): n, mean,
     se, rmse of the residuals; lobo: fit without budget b, predict b (budget, n_runs, mean_error,
-    rmse, phi); residuals: one row per run."""
+    rmse, phi); holdout: the fit predicting each budget of the `drift` runs it never saw (budget,
+    n_runs, mean_error, rmse, rmse_over_seed_sd); residuals: one row per run."""
     df = check_runs(df, need=("budget", "s"))
     res = fit(df, restarts=restarts, seed=seed)
     e, n = _residuals(res, df), len(df)
@@ -273,12 +302,18 @@ def goodness_of_fit(df, seed_df=None, restarts=500, seed=0, n_params=6) -> dict:
         )
         eb = _residuals(rb, test)
         lobo.append(dict(budget=b, n_runs=len(test), mean_error=float(eb.mean()), rmse=_rmse(eb), phi=rb.phi))
+    held = []   # the budgets this fit never saw
+    for b, g in ([] if drift is None or not len(drift) else check_runs(drift).groupby("budget")):
+        eh = _residuals(res, g)
+        held.append(dict(budget=b, n_runs=len(g), mean_error=float(eh.mean()), rmse=_rmse(eh),
+                         rmse_over_seed_sd=_rmse(eh) / rep["seed_sd"]))
     return dict(
         summary=summ,
         by_r=_by(e, df["r"].to_numpy(), "r"),
         by_position=_by(e, pos, "position"),
         by_role=_by(e, role, "role"),
         lobo=pd.DataFrame(lobo),
+        holdout=pd.DataFrame(held, columns=HOLDOUT_COLUMNS),
         residuals=df[["budget", "r", "s", "loss"]].assign(pred=df["loss"] - e, resid=e, position=pos, role=role),
     )
 
@@ -325,8 +360,9 @@ QUICK = dict(restarts=50, bootstrap=20, boot_restarts=4, multi_restarts=16, mult
 
 
 
-def run_all(df, seed_df, s: dict, seed=0) -> dict:
-    """Every study with settings `s` (FULL or QUICK); the seconds each took under 'seconds'."""
+def run_all(df, seed_df, s: dict, seed=0, drift=None) -> dict:
+    """Every study with settings `s` (FULL or QUICK), `drift` runs where each study uses them; the
+    seconds each took under 'seconds'."""
     kw = dict(restarts=s["restarts"], bootstrap=s["bootstrap"], seed=seed, boot_restarts=s["boot_restarts"],
               multi_restarts=s["multi_restarts"], multi_boot_restarts=s["multi_boot_restarts"])
     out, sec, t = {}, {}, time.perf_counter()
@@ -335,9 +371,9 @@ def run_all(df, seed_df, s: dict, seed=0) -> dict:
         nonlocal t
         out[name], sec[name], t = value, time.perf_counter() - t, time.perf_counter()
 
-    lap("goodness_of_fit", goodness_of_fit(df, seed_df, restarts=s["restarts"], seed=seed))
-    lap("robustness", robustness_table(df, **kw))
-    lap("phi_vs_compute", phi_vs_compute(df, **kw))
+    lap("goodness_of_fit", goodness_of_fit(df, seed_df, restarts=s["restarts"], seed=seed, drift=drift))
+    lap("robustness", robustness_table(df, drift=drift, **kw))
+    lap("phi_vs_compute", phi_vs_compute(df, drift=drift, **kw))
     g = out["goodness_of_fit"]["summary"]
     pres = paper_table("joint_fit_residuals")      # the paper's residual RMSE as its noise
     scenarios = {"ours": (df, g["law"], g["seed_sd"] if math.isfinite(g["seed_sd"]) else g["rmse"]),
@@ -355,21 +391,30 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", default=str(REPO / "runs" / "cpu-main"), help="runs of the main fit (folder or CSV)")
     ap.add_argument("--seeds", nargs="*", default=[str(REPO / "runs" / n) for n in ("prose-seeds", "cpu-replicates")],
                     help="replicate runs (folders or CSVs; absent ones skipped)")
+    ap.add_argument("--drift", nargs="*", default=[str(REPO / "runs" / "cpu-drift")],
+                    help="runs at further budgets (folders or CSVs; absent or empty ones skipped)")
     ap.add_argument("--out", required=True, help="JSON file to write")
     ap.add_argument("--quick", action="store_true", help="small restarts, bootstrap and draws (CI)")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     settings, t0 = dict(QUICK if a.quick else FULL), time.perf_counter()
     seeds = [p for p in a.seeds if Path(p).exists()]
+    drifts = [p for p in a.drift if Path(p).is_file() or any(Path(p).glob("*.json"))]
     try:
-        tables = [load_runs(p) for p in seeds]
-        out = run_all(load_runs(a.runs), pd.concat(tables, ignore_index=True) if tables else None, settings,
-                      seed=a.seed)
+        tables, main = [load_runs(p) for p in seeds], load_runs(a.runs)
+        drift = pd.concat([load_runs(p) for p in drifts], ignore_index=True) if drifts else None
+        out = run_all(main, pd.concat(tables, ignore_index=True) if tables else None, settings, seed=a.seed,
+                      drift=drift)
     except FitError as e:
         print(f"robustness: error: {e}", file=sys.stderr)
         return 2
+    joined = add_budgets(check_runs(main), drift)[1]
+    studies = [Path(p).name for p in a.drift if Path(p).name in STUDIES]    # how many runs each will have
     out["settings"] = dict(settings, quick=a.quick, seed=a.seed, runs=repo_relative(a.runs),
-                           seeds=[repo_relative(p) for p in seeds], total_seconds=time.perf_counter() - t0)
+                           seeds=[repo_relative(p) for p in seeds], drift=[repo_relative(p) for p in drifts],
+                           n_drift_runs=0 if drift is None else len(drift), n_drift_joined=len(joined),
+                           n_drift_planned=sum(len(load_study(n)) for n in studies) if studies else None,
+                           total_seconds=time.perf_counter() - t0)
     atomic_write_json(a.out, json_ready(out), allow_nan=False)
     return 0
 
