@@ -301,6 +301,6 @@ def test_the_chapter_reports_a_further_budget_and_what_is_still_running():
     waiting = dict(extra, settings=dict(extra["settings"], n_drift_joined=0))
     assert "predicted but not yet fitted" in constancy.reading(waiting)["pending"]
     none = dict(base, settings=dict(base["settings"], n_drift_runs=0, n_drift_joined=0, n_drift_planned=20))
-    assert "(20 runs) is still to run" in constancy.reading(none)["pending"]
+    assert "(`cpu-drift`, 20 runs) is still to run" in constancy.reading(none)["pending"]
     done = dict(extra, settings=dict(extra["settings"], n_drift_runs=20))
     assert "all 20 runs of the larger budget" in constancy.reading(done)["pending"]
