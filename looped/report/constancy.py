@@ -269,6 +269,9 @@ def _meaning(p_value: float, counting: list, apart: bool, trend) -> str:
         text += f"  Our data question the law's premise{'s' if len(doubts) > 1 else ''} of {' and of '.join(doubts)}"
         text += ("; a drift with compute is suggested but not resolved (the trend's interval contains zero)."
                  if no_drift else ".")
+        if apart:   # what would settle it
+            text += ("  More values of r (3, 6, 16) would show whether the exponent changes smoothly with r or only "
+                     "r = 2 stands apart.")
     else:
         text += ("  Neither premise of the law, one exponent for every r and no drift with compute, is rejected by "
                  "our data, though both tests are weak.")
