@@ -300,6 +300,10 @@ def test_the_chapter_reports_a_further_budget_and_what_is_still_running():
     assert "8 of its 20 runs" in said["pending"] and "predicted but not yet fitted" not in said["pending"]
     waiting = dict(extra, settings=dict(extra["settings"], n_drift_joined=0))
     assert "predicted but not yet fitted" in constancy.reading(waiting)["pending"]
+    below = base["trend"].assign(phi1_boot_lo=[-0.6, -0.12], phi1_boot_hi=[0.2, -0.01])
+    assert "which lies below zero" in constancy.reading(dict(base, trend=below))["drift"]
+    table = dict(base, settings=dict(base["settings"], n_drift_runs=15, n_drift_joined=0, n_drift_planned=None))
+    assert constancy.reading(table)["pending"].endswith("and 15 runs at further budgets.")
     none = dict(base, settings=dict(base["settings"], n_drift_runs=0, n_drift_joined=0, n_drift_planned=20))
     assert "(`cpu-drift`, 20 runs) is still to run" in constancy.reading(none)["pending"]
     done = dict(extra, settings=dict(extra["settings"], n_drift_runs=20))

@@ -102,7 +102,7 @@ def reading(results: dict) -> dict:
     ours, paper = trend.loc["ours"], trend.loc["paper_minima"]
 
     def sign(lo, hi):
-        return "below zero" if hi < 0 else "above zero" if lo > 0 else "spans zero"
+        return "lies below zero" if hi < 0 else "lies above zero" if lo > 0 else "spans zero"
 
     # the jackknife over 4 budgets can exclude zero where the cell bootstrap does not: say which one counts
     jackknife_only = (sign(ours.phi1_jack_lo, ours.phi1_jack_hi) != "spans zero"
@@ -229,8 +229,8 @@ def _pending_sentence(results: dict) -> str:
     planned, done = st.get("n_drift_planned"), int(st.get("n_drift_runs", 0))
     if planned and done >= planned:
         return text + f" and all {done} runs of the larger budget (`cpu-drift`)."
-    if not planned:
-        return text + "."
+    if not planned:   # drift runs from a folder or table that is not a named study
+        return text + (f" and {done} runs at further budgets." if done else ".")
     joined = int(st.get("n_drift_joined", 0))
     so_far = (f") has {done} of its {planned} runs so far"
               + ("" if joined else ", not yet one at every r, so they are predicted but not yet fitted")
