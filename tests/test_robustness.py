@@ -302,6 +302,9 @@ def test_the_chapter_reports_a_further_budget_and_what_is_still_running():
     assert "predicted but not yet fitted" in constancy.reading(waiting)["pending"]
     below = base["trend"].assign(phi1_boot_lo=[-0.6, -0.12], phi1_boot_hi=[0.2, -0.01])
     assert "which lies below zero" in constancy.reading(dict(base, trend=below))["drift"]
+    resolved = base["trend"].assign(phi1_boot_hi=[-0.1, 0.01])
+    assert "bootstrap interval, [" in constancy.key_findings(dict(base, trend=resolved))
+    assert constancy.key_findings(dict(base, trend=resolved)).endswith("-0.100], excludes zero.")
     table = dict(base, settings=dict(base["settings"], n_drift_runs=15, n_drift_joined=0, n_drift_planned=None))
     assert constancy.reading(table)["pending"].endswith("and 15 runs at further budgets.")
     none = dict(base, settings=dict(base["settings"], n_drift_runs=0, n_drift_joined=0, n_drift_planned=20))

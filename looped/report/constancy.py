@@ -197,10 +197,11 @@ def key_findings(results: dict) -> str:
         text = "The comparison with the paper holds under every way of counting parameters we tried.  "
     ours = results["trend"].set_index("data").loc["ours"]
     resolved = not ours.phi1_boot_lo <= 0 <= ours.phi1_boot_hi
+    interval = f"[{ours.phi1_boot_lo:+.3f}, {ours.phi1_boot_hi:+.3f}]"
     return text + (f"The law misses our runs by {s['rmse_over_seed_sd']:.1f} times their seed noise, and φ "
                    f"{'falls' if ours.phi1 < 0 else 'rises'} by {abs(ours.phi1):.3f} per decade of compute across our "
-                   f"budgets, a drift {'resolved' if resolved else 'not resolved'} (95% bootstrap interval "
-                   f"[{ours.phi1_boot_lo:+.3f}, {ours.phi1_boot_hi:+.3f}]).")
+                   "budgets, a drift " + (f"whose 95% bootstrap interval, {interval}, excludes zero." if resolved else
+                                          f"not resolved (95% bootstrap interval {interval})."))
 
 
 def _holdout_sentence(results: dict, frame: pd.DataFrame) -> str:
