@@ -17,7 +17,9 @@ COMMANDS = {  # name -> (module, function, one-line help)
         "main",
         "is phi a constant: other forms, drift with compute, lack of fit",
     ),
-    "paired": ("looped.studies.paired", "main", "case studies: paired estimators of delta-phi and their simulation"),
+    "paired": (
+        "looped.studies.paired_study", "main", "case studies: paired estimators of delta-phi and their simulation"
+    ),
 }
 
 

@@ -1,4 +1,5 @@
-"""Paired case-study estimators (looped.studies.paired) on synthetic arms from a known law."""
+"""Paired case-study estimators (looped.studies.paired) and `looped paired` (looped.studies.paired_study)
+on synthetic arms from a known law."""
 from __future__ import annotations
 
 import json
@@ -10,6 +11,7 @@ import pytest
 
 from looped.fit import FitError, fit
 from looped.studies import paired as pp
+from looped.studies import paired_study as ps
 
 THETA = (7.2, 0.108, 335.0, 0.414, 1.71, 0.64)   # A, alpha, B, beta, E, phi: close to our CPU fit
 MAIN = {2.5e12: (2, 3, 4, 5), 5e12: (3, 4, 5, 6, 7), 1e13: (4, 5, 6, 7, 8), 2.5e13: (5, 6, 7, 8, 10)}
@@ -17,7 +19,7 @@ CASE = {2.5e12: (2, 3, 4, 5), 5e12: (3, 4, 5, 6, 7)}
 
 
 def design(budgets=MAIN, rs=(1, 2, 4, 8), dmult=1.0, **extra):
-    """A runs table shaped like our CPU design (loss to be filled by pp.synthetic)."""
+    """A runs table shaped like our CPU design (loss to be filled by ps.synthetic)."""
     rows = []
     for c, widths in budgets.items():
         for r in rs:
@@ -29,8 +31,8 @@ def design(budgets=MAIN, rs=(1, 2, 4, 8), dmult=1.0, **extra):
 
 
 def arms(dphi=0.3, offset=0.0, resid=None, law=THETA):
-    main = pp.synthetic(law, design(), resid=resid)
-    var = pp.synthetic(law, design(CASE, (2, 4, 8), dmult=1.2), dphi, offset, resid)  # truncation: more tokens
+    main = ps.synthetic(law, design(), resid=resid)
+    var = ps.synthetic(law, design(CASE, (2, 4, 8), dmult=1.2), dphi, offset, resid)  # truncation: more tokens
     return main, var
 
 
@@ -43,10 +45,10 @@ def test_paired_recovers_dphi_without_noise():
 
 def test_shared_residuals_cancel_in_pairs_but_move_the_paper_protocol():
     rng = np.random.default_rng(3)
-    resid = {k: rng.normal(0, 0.006) for k in pp._key3(design())}
+    resid = {k: rng.normal(0, 0.006) for k in pp.run_key(design())}
     observed, _ = arms(resid=resid)
     law = fit(observed, restarts=30)   # the simulation's model: the main fit plus its own residuals
-    main, var = arms(0.3, resid=pp.law_residuals(law, observed), law=law)
+    main, var = arms(0.3, resid=ps.law_residuals(law, observed), law=law)
     paired = pp.paired_estimate(main, var, restarts=30, bootstrap=0)["dphi"].estimate
     paper = pp.paper_protocol(main, var, restarts=30, bootstrap=0).estimate
     assert paired == pytest.approx(0.3, abs=1e-4)
@@ -54,7 +56,7 @@ def test_shared_residuals_cancel_in_pairs_but_move_the_paper_protocol():
     errs = []   # residuals the main fit does not reproduce: the pairs still err far less
     for seed in range(3):
         rng = np.random.default_rng(seed)
-        main, var = arms(0.3, resid={k: rng.normal(0, 0.006) for k in pp._key3(design())})
+        main, var = arms(0.3, resid={k: rng.normal(0, 0.006) for k in pp.run_key(design())})
         errs.append((abs(pp.paired_estimate(main, var, restarts=30, bootstrap=0)["dphi"].estimate - 0.3),
                      abs(pp.paper_protocol(main, var, restarts=30, bootstrap=0).estimate - 0.3)))
     assert np.mean([e[0] for e in errs]) < 0.5 * np.mean([e[1] for e in errs])
@@ -115,7 +117,7 @@ def test_arm_of_reads_the_record_fields():
 
 def test_simulation_and_cli_quick(tmp_path):
     main, var = arms(0.2)
-    sim = pp.simulate_estimators(main, var, 0.2, n_reps=2, seed=1, quick=True)
+    sim = ps.simulate_estimators(main, var, 0.2, n_reps=2, seed=1, quick=True)
     assert set(sim["estimator"]) == {"paired", "paired_offset", "paired_offset:offset", "paper"}
     assert sim["n_reps"].eq(2).all() and sim[["bias", "sd", "coverage"]].notna().all().all()
     assert abs(sim.set_index("estimator").loc["paired", "bias"]) < 0.05
@@ -128,13 +130,13 @@ def test_simulation_and_cli_quick(tmp_path):
     out = tmp_path / "paired.json"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert pp.main(["--out", str(out), "--runs", str(tmp_path), "--quick", "--reps", "1"]) == 0
+        assert ps.main(["--out", str(out), "--runs", str(tmp_path), "--quick", "--reps", "1"]) == 0
     res = json.loads(out.read_text())
     assert set(res["studies"]) == {"truncated"} and res["settings"]["quick"]
     assert res["studies"]["truncated"]["paired"]["estimate"] == pytest.approx(0.2, abs=1e-3)
     assert {r["r"] for r in res["studies"]["truncated"]["gains_by_r"]} == {2.0, 4.0, 8.0}
     assert res["simulation"]["truncated"]["summary"][0]["n_reps"] == 1
-    assert pp.main(["--out", str(out), "--runs", str(tmp_path / "none")]) == 2
+    assert ps.main(["--out", str(out), "--runs", str(tmp_path / "none")]) == 2
 
 
 def test_the_committed_results_rerun_in_small(tmp_path):
@@ -142,12 +144,12 @@ def test_the_committed_results_rerun_in_small(tmp_path):
     of the committed full run's (its intervals come from far fewer resamples), and the chapters'
     reading of the committed file."""
     from looped.report import paired_text, tables
-    committed = pp.read_results()
+    committed = ps.read_results()
     out = tmp_path / "paired.json"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert pp.main(["--out", str(out), "--quick", "--reps", "1", "--same-runs-as", str(pp.RESULTS)]) == 0
-    quick = pp.read_results(out)
+        assert ps.main(["--out", str(out), "--quick", "--reps", "1", "--same-runs-as", str(ps.RESULTS)]) == 0
+    quick = ps.read_results(out)
     assert set(quick["studies"]) == set(committed["studies"])
     assert quick["settings"]["run_ids"] == committed["settings"]["run_ids"]   # the sweeps' newer runs left out
     for name, res in committed["studies"].items():

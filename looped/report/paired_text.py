@@ -32,7 +32,7 @@ def _offset_effect(paired, with_offset) -> str:
 
 
 def paired_reading(res: dict, paper_delta: float) -> str:
-    """The paired estimates of a case study's change in phi (`looped.studies.paired.read_results`),
+    """The paired estimates of a case study's change in phi (`looped.studies.paired_study.read_results`),
     read beside the paper's protocol on the same runs, with one rule for every case study."""
     est = res["estimates"].set_index("estimator")
     p, q, o, off = est.loc["paired"], est.loc["paired_offset"], est.loc["paper"], res["offset"]

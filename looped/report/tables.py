@@ -308,7 +308,7 @@ ESTIMATOR_LABELS = {"paper": "the paper's protocol (each arm refitted)", "paired
 
 
 def paired_estimates(res: dict) -> pd.DataFrame:
-    """A case study's estimates of the change in phi (`looped.studies.paired.read_results`), one row
+    """A case study's estimates of the change in phi (`looped.studies.paired_study.read_results`), one row
     per estimator, beside how each did in the simulation at that change (bias, coverage)."""
     est = res["estimates"].set_index("estimator")
     sim = res["simulation"].set_index("estimator") if len(res["simulation"]) else pd.DataFrame()

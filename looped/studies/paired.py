@@ -7,16 +7,14 @@ r^(phi+dphi)), optionally with an r-independent log-loss offset c.  Both are fit
 paper's objective (Huber, delta 1e-3, on log loss) to the paired log-loss differences, so the
 law's misfit that both arms share at (budget, r, s) cancels.  Intervals come from a bootstrap
 that refits the main law on block resamples of its (budget, r) cells and resamples the pairs.
-`paper_protocol` is the paper's estimator; `simulate_estimators` checks all three on our design.
+`paper_protocol` is the paper's estimator.  `looped.studies.paired_study` runs all three on our
+runs, checks them by simulation and writes the results (`looped paired`).
 """
 from __future__ import annotations
 
-import argparse
 import json
-import sys
-import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -25,17 +23,13 @@ import pandas as pd
 from scipy import stats
 from scipy.special import huber
 
-from ..config import DEFAULT_SEED, REPO
+from ..config import DEFAULT_SEED
 from ..fit import FitError, FitResult, at_bounds, fit, load_runs, validate_runs
-from ..io import atomic_write_json, json_ready
 from ..solver import HI, HUBER_DELTA, LO
 
 KEYS = ("budget", "r", "s", "seed", "data_order")
 FOLDERS = ("cpu-main", "cpu-truncated", "cpu-hyper", "cpu-controls", "cpu-matched", "cpu-replicates")
-STUDIES = ("truncated", "hyper", "truncated_matched")
 DPHI_GRID = np.linspace(-3.0, 3.0, 241)      # coarse search for dphi before the golden-section polish
-QUICK = dict(restarts=20, bootstrap=40, boot_restarts=2, n_reps=4, sim_bootstrap=30)
-FULL = dict(restarts=100, bootstrap=1000, boot_restarts=5, n_reps=100, sim_bootstrap=200)
 
 
 @dataclass
@@ -147,7 +141,7 @@ def paired_gains(P, by=("r",)) -> pd.DataFrame:
 
 # ------------------------------------------------------------------ the paired fit
 
-def _theta(law) -> np.ndarray:
+def law_theta(law) -> np.ndarray:
     """(1, 6) natural parameters (A, alpha, B, beta, E, phi) of a FitResult or a 6-sequence."""
     if isinstance(law, FitResult) and law.phi is None:
         raise FitError("the main fit has no phi (no looped runs)")
@@ -155,7 +149,7 @@ def _theta(law) -> np.ndarray:
         if isinstance(law, FitResult) else np.asarray(law, float).reshape(1, 6)
 
 
-def _log_law(T, n_once, n_rec, r, D, dphi=0.0):
+def log_law(T, n_once, n_rec, r, D, dphi=0.0):
     """log L for law rows T (K, 6: A, alpha, B, beta, E, phi) at runs (n,); dphi broadcasts
     against (K, ..., n), and T's columns get as many middle axes as dphi has."""
     extra = max(np.ndim(dphi) - 2, 0)
@@ -181,8 +175,8 @@ def _rho(T, P, d):
     fitting the variant's raw losses would load that misfit onto dphi."""
     x = {f"{k}_{s}": P[f"{k}_{s}"].to_numpy(float) for k in ("n_once", "n_rec", "tokens") for s in "vb"}
     r = P["r"].to_numpy(float)
-    target = P["log_diff"].to_numpy(float) + _log_law(T, x["n_once_b"], x["n_rec_b"], r, x["tokens_b"])
-    return _log_law(T, x["n_once_v"], x["n_rec_v"], r, x["tokens_v"], d[..., None]) - target[:, None, :]
+    target = P["log_diff"].to_numpy(float) + log_law(T, x["n_once_b"], x["n_rec_b"], r, x["tokens_b"])
+    return log_law(T, x["n_once_v"], x["n_rec_v"], r, x["tokens_v"], d[..., None]) - target[:, None, :]
 
 
 def _solve(T, P, W, offset: bool, chunk_elems=3_000_000):
@@ -230,7 +224,7 @@ def _estimate(point, samples, n, box=np.inf) -> Estimate:
 def main_law(main_df, restarts=100, seed=0, bootstrap=0, boot_restarts=5) -> FitResult:
     """The main fit (all main-arm runs), with `bootstrap` block resamples of its (budget, r) cells."""
     res = fit(main_df, restarts=restarts, seed=seed, bootstrap=bootstrap, boot_restarts=boot_restarts)
-    _theta(res)
+    law_theta(res)
     return res
 
 
@@ -245,10 +239,10 @@ def paired_estimate(main_df, variant_df, controls=None, offset=False, law: FitRe
         raise FitError("no pair with r > 1: dphi is not identifiable")
     if law is None or (bootstrap and (law.boot_samples is None or len(law.boot_samples) < bootstrap)):
         law = main_law(main_df, restarts, seed, bootstrap, boot_restarts)
-    d0, c0 = _solve(_theta(law), P, np.ones((1, len(P))), offset)
+    d0, c0 = _solve(law_theta(law), P, np.ones((1, len(P))), offset)
     db, cb = _solve(law.boot_samples[:bootstrap], P, _pair_weights(P, np.random.default_rng([seed, 7]), bootstrap),
                     offset) if bootstrap else (np.empty(0), np.empty(0))
-    rho = (_rho(_theta(law), P, d0[:, None]) + c0[0])[0, 0] * P["loss_v"].to_numpy(float)
+    rho = (_rho(law_theta(law), P, d0[:, None]) + c0[0])[0, 0] * P["loss_v"].to_numpy(float)
     return {"dphi": _estimate(d0[0], db, len(P), box=DPHI_GRID[-1]),
             "offset": _estimate(c0[0], cb, len(P)) if offset else None, "resid_sd": float(rho.std(ddof=1))}
 
@@ -276,172 +270,18 @@ def paper_protocol(main_df, variant_df, budgets=None, restarts=100, bootstrap=20
     return e
 
 
-RESULTS = REPO / "runs" / "analysis" / "paired.json"   # what `looped paired` wrote, committed
-ESTIMATORS = ("paper", "paired", "paired_offset")
-
-
-def read_results(path=RESULTS) -> dict:
-    """The committed results of `looped paired`, per case study: its estimates of dphi (one row
-    per estimator, and the offset), its paired gains by r (variant minus baseline log-loss) and
-    the simulation of the estimators at the estimated dphi; plus the settings, the main fit and
-    the run time in seconds."""
-    raw = json.loads(Path(path).read_text())
-    out = {"settings": raw["settings"], "main_fit": raw["main_fit"], "seconds": raw["seconds"], "studies": {}}
-    for name, st in raw["studies"].items():
-        if "paired" not in st:
-            continue
-        out["studies"][name] = {
-            "estimates": pd.DataFrame([dict(estimator=k, **st[k]) for k in ESTIMATORS]),
-            "offset": st["offset_log"], "pairs": st["pairs"], "gains_by_r": pd.DataFrame(st["gains_by_r"]),
-            "simulation": pd.DataFrame(raw["simulation"].get(name, {}).get("summary", []))}
-    return out
-
-
-# ------------------------------------------------------------------ simulation
-
-def _key3(df):
+def run_key(df):
+    """(budget, r, s) of each run, rounded so that one configuration has one key across tables."""
     return [
         (float(f"{b:.6g}"), float(r), round(float(s), 6))
         for b, r, s in df[["budget", "r", "s"]].itertuples(index=False)
     ]
 
 
-def law_residuals(law: FitResult, main_df) -> dict:
-    """{(budget, r, s): mean log-loss residual of the main fit} (observed minus law)."""
-    df = validate_runs(main_df)
-    res = np.log(df["loss"].to_numpy(float)) - _log_law(_theta(law), df["n_once"].to_numpy(float),
-                                                        df["n_rec"].to_numpy(float), df["r"].to_numpy(float),
-                                                        df["tokens"].to_numpy(float))[0]
-    by = pd.Series(res).groupby(pd.Series(_key3(df))).mean()   # replicates: their mean
-    return {k: float(v) for k, v in by.items()}
-
-
-def synthetic(law: FitResult, df, dphi=0.0, offset=0.0, resid=None, noise_sd=0.0, rng=None):
-    """A copy of runs table `df` with losses from the law (phi + dphi, log-loss shift offset), plus
-    the shared log residual of each (budget, r, s) in `resid` and independent noise in nats."""
-    out = validate_runs(df).copy()
-    logl = _log_law(_theta(law), out["n_once"].to_numpy(float), out["n_rec"].to_numpy(float),
-                    out["r"].to_numpy(float), out["tokens"].to_numpy(float), dphi)[0] + offset
-    logl += np.array([(resid or {}).get(k, 0.0) for k in _key3(out)])
-    noise = rng.normal(0.0, noise_sd, len(out)) if noise_sd else 0.0
-    out["loss"] = np.exp(logl) + noise
-    return out
-
-
-def simulate_estimators(main_df, variant_df, true_dphi, n_reps=None, seed=0, controls=None, true_offset=0.0,
-                        noise_sd=0.011, quick=False, restarts=None, bootstrap=None, boot_restarts=None):
-    """Bias, SD, RMSE and 95% coverage of the paired (with and without offset) and paper-protocol
-    estimators on our design: both arms from the main fit's law with a known dphi (and offset),
-    the main fit's real log residuals shared at each (budget, r, s), and seed noise (nats).
-    n_reps / restarts / bootstrap default to FULL, or to QUICK (few of each) with `quick`.
-    One row per estimator ('paired_offset:offset' is the offset); attrs['raw'] holds every rep."""
-    cfg = QUICK if quick else FULL
-    n_reps, restarts, bootstrap = (
-        n_reps or cfg["n_reps"],
-        restarts or cfg["restarts"],
-        bootstrap or cfg["sim_bootstrap"],
-    )
-    boot_restarts = cfg["boot_restarts"] if boot_restarts is None else boot_restarts
-    law0 = main_law(main_df, restarts, seed)
-    resid, rng, rows = law_residuals(law0, main_df), np.random.default_rng(seed), []
-    for rep in range(n_reps):
-        m = synthetic(law0, main_df, resid=resid, noise_sd=noise_sd, rng=rng)
-        v = synthetic(law0, variant_df, true_dphi, true_offset, resid, noise_sd, rng)
-        c = None if controls is None or not len(controls) else synthetic(law0, controls, 0.0, 0.0, resid, noise_sd, rng)
-        kw = dict(restarts=restarts, bootstrap=bootstrap, boot_restarts=boot_restarts, seed=seed + rep)
-        law = main_law(m, **kw)
-        ests = {"paired": paired_estimate(m, v, c, False, law, **kw)["dphi"]}
-        both = paired_estimate(m, v, c, True, law, **kw)
-        ests["paired_offset"], ests["paired_offset:offset"] = both["dphi"], both["offset"]
-        ests["paper"] = paper_protocol(m, v, **kw)
-        for name, e in ests.items():
-            rows.append(dict(rep=rep, estimator=name, **asdict(e)))
-    raw = pd.DataFrame(rows)
-    raw["true"] = np.where(raw["estimator"].str.endswith(":offset"), true_offset, true_dphi)
-    raw["covered"] = (raw["lo"] <= raw["true"]) & (raw["true"] <= raw["hi"])
-    err = raw["estimate"] - raw["true"]
-    summary = raw.assign(err=err, sq=err ** 2, width=raw["hi"] - raw["lo"]).groupby("estimator", sort=False).agg(
-        true=("true", "first"), bias=("err", "mean"), sd=("estimate", "std"), rmse=("sq", "mean"),
-        coverage=("covered", "mean"), mean_se=("se", "mean"), mean_width=("width", "mean"),
-        at_bound=("at_bound", "mean"), n_reps=("rep", "count")).reset_index()
-    summary["rmse"] = np.sqrt(summary["rmse"])
-    summary.attrs["raw"] = raw
-    return summary
-
-
 def seed_sd(runs) -> float:
     """Pooled SD (nats) of the loss across seeds of one (arm, budget, r, s); NaN without replicates."""
     df = pd.concat([validate_runs(d).assign(arm=a) for a, d in runs.items() if len(d)], ignore_index=True)
-    g = df.assign(k=_key3(df)).groupby(["arm", "k"])["loss"]
+    g = df.assign(k=run_key(df)).groupby(["arm", "k"])["loss"]
     n, v = g.count(), g.var(ddof=1)
     dof = (n - 1)[n > 1]
     return float(np.sqrt((v[n > 1] * dof).sum() / dof.sum())) if dof.sum() > 0 else float("nan")
-
-
-# ------------------------------------------------------------------ command line
-
-
-def main(argv=None) -> int:
-    """`python -m looped.studies.paired --out runs/analysis/paired.json [--quick] [--runs runs]`."""
-    ap = argparse.ArgumentParser(prog="looped paired", description="Paired case-study estimators.")
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--runs", default="runs")
-    ap.add_argument("--quick", action="store_true", help="few restarts, resamples and simulation reps")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument(
-        "--seed-sd", type=float, default=None, help="simulation noise (nats); default: measured, else 0.011"
-    )
-    ap.add_argument("--reps", type=int, default=None)
-    ap.add_argument("--same-runs-as", default=None, metavar="JSON",
-                    help="a results file of this command: rerun on exactly the runs it used (sweeps add runs)")
-    ap.add_argument("--true-dphi", type=float, default=None, help="default: each study's paired estimate")
-    a = ap.parse_args(argv)
-    t0, cfg = time.perf_counter(), dict(QUICK if a.quick else FULL)
-    if a.reps:
-        cfg["n_reps"] = a.reps
-    kw = dict(restarts=cfg["restarts"], bootstrap=cfg["bootstrap"], boot_restarts=cfg["boot_restarts"], seed=a.seed)
-    try:
-        arms = load_arms(a.runs)
-        if a.same_runs_as:
-            arms = same_runs(arms, a.same_runs_as)
-        main_df, ctl = arms["main"], arms["control_linear"]
-        measured = seed_sd(arms)
-        noise = a.seed_sd if a.seed_sd is not None else (measured if np.isfinite(measured) else 0.011)
-        law = main_law(main_df, **kw)
-        out = {"settings": dict(cfg, seed=a.seed, seed_sd=noise, seed_sd_measured=measured, quick=a.quick,
-                                huber_delta=HUBER_DELTA, runs={k: len(v) for k, v in arms.items()},
-                                run_ids={k: sorted(map(str, v["run_id"])) for k, v in arms.items()}),
-               "main_fit": {k: getattr(law, k) for k in ("A", "alpha", "B", "beta", "E", "phi", "r2", "n_runs")},
-               "studies": {}, "simulation": {}}
-        if len(ctl):
-            out["studies"]["linear_r1"] = {"gains_by_budget": paired_gains(pairs(main_df, ctl), ("budget",))}
-        for name in STUDIES:
-            var = arms[name]
-            if not len(var):
-                continue
-            if name == "hyper" and len(arms["control_hyper"]):
-                var = pd.concat([var, arms["control_hyper"]], ignore_index=True)
-            P = pairs(main_df, var, ctl)
-            one, both = (paired_estimate(main_df, var, ctl, o, law, **kw) for o in (False, True))
-            res = {"pairs": len(P), "unmatched": P.attrs["unmatched"], "paired": one["dphi"],
-                   "paired_offset": both["dphi"], "offset_log": both["offset"],
-                   "resid_sd": one["resid_sd"], "resid_sd_offset": both["resid_sd"]}
-            res["paper"] = paper_protocol(main_df, arms[name], **kw)
-            res.update(gains_by_r=paired_gains(P, ("r",)), gains_by_budget=paired_gains(P, ("budget",)),
-                       gains_by_budget_r=paired_gains(P, ("budget", "r")))
-            out["studies"][name] = res
-            if name in ("truncated", "hyper"):
-                true = a.true_dphi if a.true_dphi is not None else float(np.clip(res["paired"].estimate, -1, 1))
-                t1 = time.perf_counter()
-                sim = simulate_estimators(main_df, var, true, cfg["n_reps"], a.seed, ctl, 0.0, noise, a.quick)
-                out["simulation"][name] = {"true_dphi": true, "seconds": time.perf_counter() - t1, "summary": sim}
-    except FitError as e:
-        print(f"looped.studies.paired: error: {e}", file=sys.stderr)
-        return 2
-    out["seconds"] = time.perf_counter() - t0
-    atomic_write_json(a.out, json_ready(out), allow_nan=False)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

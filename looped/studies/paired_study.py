@@ -1,0 +1,194 @@
+"""`looped paired`: the paired estimators of `looped.studies.paired` on our case studies, checked by
+simulation on our design, written to runs/analysis/paired.json for chapters 5 and 6.
+
+The simulation draws both arms from the main fit's law with a known dphi, adds the main fit's real
+log residuals at each (budget, r, s) (shared by a variant run and its baseline twin, as the law's
+misfit is) and seed noise, and refits every estimator: bias, SD and coverage of its 95% interval.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..config import REPO
+from ..fit import FitError, FitResult, validate_runs
+from ..io import atomic_write_json, json_ready
+from ..solver import HUBER_DELTA
+from .paired import (
+    law_theta,
+    load_arms,
+    log_law,
+    main_law,
+    paired_estimate,
+    paired_gains,
+    pairs,
+    paper_protocol,
+    run_key,
+    same_runs,
+    seed_sd,
+)
+
+STUDIES = ("truncated", "hyper", "truncated_matched")
+QUICK = dict(restarts=20, bootstrap=40, boot_restarts=2, n_reps=4, sim_bootstrap=30)
+FULL = dict(restarts=100, bootstrap=1000, boot_restarts=5, n_reps=100, sim_bootstrap=200)
+
+RESULTS = REPO / "runs" / "analysis" / "paired.json"   # what `looped paired` wrote, committed
+ESTIMATORS = ("paper", "paired", "paired_offset")
+
+
+def read_results(path=RESULTS) -> dict:
+    """The committed results of `looped paired`, per case study: its estimates of dphi (one row
+    per estimator, and the offset), its paired gains by r (variant minus baseline log-loss) and
+    the simulation of the estimators at the estimated dphi; plus the settings, the main fit and
+    the run time in seconds."""
+    raw = json.loads(Path(path).read_text())
+    out = {"settings": raw["settings"], "main_fit": raw["main_fit"], "seconds": raw["seconds"], "studies": {}}
+    for name, st in raw["studies"].items():
+        if "paired" not in st:
+            continue
+        out["studies"][name] = {
+            "estimates": pd.DataFrame([dict(estimator=k, **st[k]) for k in ESTIMATORS]),
+            "offset": st["offset_log"], "pairs": st["pairs"], "gains_by_r": pd.DataFrame(st["gains_by_r"]),
+            "simulation": pd.DataFrame(raw["simulation"].get(name, {}).get("summary", []))}
+    return out
+
+
+# ------------------------------------------------------------------ simulation
+
+def law_residuals(law: FitResult, main_df) -> dict:
+    """{(budget, r, s): mean log-loss residual of the main fit} (observed minus law)."""
+    df = validate_runs(main_df)
+    res = np.log(df["loss"].to_numpy(float)) - log_law(law_theta(law), df["n_once"].to_numpy(float),
+                                                        df["n_rec"].to_numpy(float), df["r"].to_numpy(float),
+                                                        df["tokens"].to_numpy(float))[0]
+    by = pd.Series(res).groupby(pd.Series(run_key(df))).mean()   # replicates: their mean
+    return {k: float(v) for k, v in by.items()}
+
+
+def synthetic(law: FitResult, df, dphi=0.0, offset=0.0, resid=None, noise_sd=0.0, rng=None):
+    """A copy of runs table `df` with losses from the law (phi + dphi, log-loss shift offset), plus
+    the shared log residual of each (budget, r, s) in `resid` and independent noise in nats."""
+    out = validate_runs(df).copy()
+    logl = log_law(law_theta(law), out["n_once"].to_numpy(float), out["n_rec"].to_numpy(float),
+                    out["r"].to_numpy(float), out["tokens"].to_numpy(float), dphi)[0] + offset
+    logl += np.array([(resid or {}).get(k, 0.0) for k in run_key(out)])
+    noise = rng.normal(0.0, noise_sd, len(out)) if noise_sd else 0.0
+    out["loss"] = np.exp(logl) + noise
+    return out
+
+
+def simulate_estimators(main_df, variant_df, true_dphi, n_reps=None, seed=0, controls=None, true_offset=0.0,
+                        noise_sd=0.011, quick=False, restarts=None, bootstrap=None, boot_restarts=None):
+    """Bias, SD, RMSE and 95% coverage of the paired (with and without offset) and paper-protocol
+    estimators on our design: both arms from the main fit's law with a known dphi (and offset),
+    the main fit's real log residuals shared at each (budget, r, s), and seed noise (nats).
+    n_reps / restarts / bootstrap default to FULL, or to QUICK (few of each) with `quick`.
+    One row per estimator ('paired_offset:offset' is the offset); attrs['raw'] holds every rep."""
+    cfg = QUICK if quick else FULL
+    n_reps, restarts, bootstrap = (
+        n_reps or cfg["n_reps"],
+        restarts or cfg["restarts"],
+        bootstrap or cfg["sim_bootstrap"],
+    )
+    boot_restarts = cfg["boot_restarts"] if boot_restarts is None else boot_restarts
+    law0 = main_law(main_df, restarts, seed)
+    resid, rng, rows = law_residuals(law0, main_df), np.random.default_rng(seed), []
+    for rep in range(n_reps):
+        m = synthetic(law0, main_df, resid=resid, noise_sd=noise_sd, rng=rng)
+        v = synthetic(law0, variant_df, true_dphi, true_offset, resid, noise_sd, rng)
+        c = None if controls is None or not len(controls) else synthetic(law0, controls, 0.0, 0.0, resid, noise_sd, rng)
+        kw = dict(restarts=restarts, bootstrap=bootstrap, boot_restarts=boot_restarts, seed=seed + rep)
+        law = main_law(m, **kw)
+        ests = {"paired": paired_estimate(m, v, c, False, law, **kw)["dphi"]}
+        both = paired_estimate(m, v, c, True, law, **kw)
+        ests["paired_offset"], ests["paired_offset:offset"] = both["dphi"], both["offset"]
+        ests["paper"] = paper_protocol(m, v, **kw)
+        for name, e in ests.items():
+            rows.append(dict(rep=rep, estimator=name, **asdict(e)))
+    raw = pd.DataFrame(rows)
+    raw["true"] = np.where(raw["estimator"].str.endswith(":offset"), true_offset, true_dphi)
+    raw["covered"] = (raw["lo"] <= raw["true"]) & (raw["true"] <= raw["hi"])
+    err = raw["estimate"] - raw["true"]
+    summary = raw.assign(err=err, sq=err ** 2, width=raw["hi"] - raw["lo"]).groupby("estimator", sort=False).agg(
+        true=("true", "first"), bias=("err", "mean"), sd=("estimate", "std"), rmse=("sq", "mean"),
+        coverage=("covered", "mean"), mean_se=("se", "mean"), mean_width=("width", "mean"),
+        at_bound=("at_bound", "mean"), n_reps=("rep", "count")).reset_index()
+    summary["rmse"] = np.sqrt(summary["rmse"])
+    summary.attrs["raw"] = raw
+    return summary
+
+
+# ------------------------------------------------------------------ command line
+
+
+def main(argv=None) -> int:
+    """`python -m looped.studies.paired_study --out runs/analysis/paired.json [--quick] [--runs runs]`."""
+    ap = argparse.ArgumentParser(prog="looped paired", description="Paired case-study estimators.")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--runs", default="runs")
+    ap.add_argument("--quick", action="store_true", help="few restarts, resamples and simulation reps")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--seed-sd", type=float, default=None, help="simulation noise (nats); default: measured, else 0.011"
+    )
+    ap.add_argument("--reps", type=int, default=None)
+    ap.add_argument("--same-runs-as", default=None, metavar="JSON",
+                    help="a results file of this command: rerun on exactly the runs it used (sweeps add runs)")
+    ap.add_argument("--true-dphi", type=float, default=None, help="default: each study's paired estimate")
+    a = ap.parse_args(argv)
+    t0, cfg = time.perf_counter(), dict(QUICK if a.quick else FULL)
+    if a.reps:
+        cfg["n_reps"] = a.reps
+    kw = dict(restarts=cfg["restarts"], bootstrap=cfg["bootstrap"], boot_restarts=cfg["boot_restarts"], seed=a.seed)
+    try:
+        arms = load_arms(a.runs)
+        if a.same_runs_as:
+            arms = same_runs(arms, a.same_runs_as)
+        main_df, ctl = arms["main"], arms["control_linear"]
+        measured = seed_sd(arms)
+        noise = a.seed_sd if a.seed_sd is not None else (measured if np.isfinite(measured) else 0.011)
+        law = main_law(main_df, **kw)
+        out = {"settings": dict(cfg, seed=a.seed, seed_sd=noise, seed_sd_measured=measured, quick=a.quick,
+                                huber_delta=HUBER_DELTA, runs={k: len(v) for k, v in arms.items()},
+                                run_ids={k: sorted(map(str, v["run_id"])) for k, v in arms.items()}),
+               "main_fit": {k: getattr(law, k) for k in ("A", "alpha", "B", "beta", "E", "phi", "r2", "n_runs")},
+               "studies": {}, "simulation": {}}
+        if len(ctl):
+            out["studies"]["linear_r1"] = {"gains_by_budget": paired_gains(pairs(main_df, ctl), ("budget",))}
+        for name in STUDIES:
+            var = arms[name]
+            if not len(var):
+                continue
+            if name == "hyper" and len(arms["control_hyper"]):
+                var = pd.concat([var, arms["control_hyper"]], ignore_index=True)
+            P = pairs(main_df, var, ctl)
+            one, both = (paired_estimate(main_df, var, ctl, o, law, **kw) for o in (False, True))
+            res = {"pairs": len(P), "unmatched": P.attrs["unmatched"], "paired": one["dphi"],
+                   "paired_offset": both["dphi"], "offset_log": both["offset"],
+                   "resid_sd": one["resid_sd"], "resid_sd_offset": both["resid_sd"]}
+            res["paper"] = paper_protocol(main_df, arms[name], **kw)
+            res.update(gains_by_r=paired_gains(P, ("r",)), gains_by_budget=paired_gains(P, ("budget",)),
+                       gains_by_budget_r=paired_gains(P, ("budget", "r")))
+            out["studies"][name] = res
+            if name in ("truncated", "hyper"):
+                true = a.true_dphi if a.true_dphi is not None else float(np.clip(res["paired"].estimate, -1, 1))
+                t1 = time.perf_counter()
+                sim = simulate_estimators(main_df, var, true, cfg["n_reps"], a.seed, ctl, 0.0, noise, a.quick)
+                out["simulation"][name] = {"true_dphi": true, "seconds": time.perf_counter() - t1, "summary": sim}
+    except FitError as e:
+        print(f"looped paired: error: {e}", file=sys.stderr)
+        return 2
+    out["seconds"] = time.perf_counter() - t0
+    atomic_write_json(a.out, json_ready(out), allow_nan=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
