@@ -43,3 +43,12 @@ def test_chapter_reference_notebook(md):
     assert all(c.get("outputs") for c in checked), f"{ipynb.name} has a checked cell without outputs"
     errors = [o for c in nb["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors, f"{ipynb.name} was saved with an error output"
+
+
+def test_make_analysis_regenerates_every_chapter_that_reads_the_analyses():
+    """`make analysis` reruns runs/analysis/*.json, then regenerates the chapters that read them."""
+    rule = re.search(r"^analysis:.*?\n((?:\t.*\n)+)", (ROOT / "Makefile").read_text(), re.M).group(1)
+    listed = set(re.search(r"tools/notebooks.py (.*)", rule).group(1).split())
+    readers = {md.stem for md in CHAPTERS
+               if re.search(r"studies\.(robustness|paired_study) import[^\n]*read_results", md.read_text())}
+    assert readers and listed == readers
