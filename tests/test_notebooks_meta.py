@@ -52,3 +52,17 @@ def test_make_analysis_regenerates_every_chapter_that_reads_the_analyses():
     readers = {md.stem for md in CHAPTERS
                if re.search(r"studies\.(robustness|paired_study) import[^\n]*read_results", md.read_text())}
     assert readers and listed == readers
+
+
+def test_regenerated_notebooks_keep_their_cell_ids():
+    """Cell ids come from the cells, not from chance: a regenerated notebook diffs only where it changed."""
+    import nbformat
+    def nb():
+        return nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1"), nbformat.v4.new_markdown_cell("# A"),
+                                               nbformat.v4.new_code_cell("x = 1")])
+    a, b = nb(), nb()
+    notebooks.stable_ids(a)
+    notebooks.stable_ids(b)
+    ids = [c.id for c in a.cells]
+    assert ids == [c.id for c in b.cells] and len(set(ids)) == 3 and ids[2] == ids[0] + "-2"
+    nbformat.validate(a)

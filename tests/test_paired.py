@@ -177,7 +177,7 @@ def test_the_key_line_says_what_the_offset_does_and_which_estimate_is_read():
     edge = _estimates((-0.05, -0.07, -0.02), (-0.02, -3.0, 0.03))
     edge["estimates"]["boot_at_bound"] = [0.0, 0.0, 0.03]
     said = paired_text.paired_key(edge, -0.07)
-    assert "-3.000, +0.030] (3% of its resamples reach the edge of the search range, so its lower end is" in said
+    assert "-3.000, +0.030] (its lower end is the edge of the search range, reached by 3% of resamples, not a" in said
     same = paired_text.paired_key(_estimates((0.05, 0.02, 0.08), (0.04, 0.01, 0.07)), -0.07)
     assert "on the other side of zero" in same and "offset" not in same
     assert "covers" not in same and "cover the truth 97% of the time with an SD of 0.012, against 0.030" in same

@@ -7,12 +7,14 @@
 
 Chapters are converted with jupytext and executed in place with papermill (kernel python3,
 default parameters, cwd = book/, the same working directory that jupyter-book and nbval use).
-Per-cell timings and timestamps are removed so reruns only change what the code printed.
+Per-cell timings and timestamps are removed and cell ids are derived from the cells, so reruns only
+change what the code printed.
 The .ipynb files are generated: edit the .md, never the .ipynb.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -52,6 +54,16 @@ def strip_volatile(nb) -> None:
                 pm.pop(key, None)
 
 
+def stable_ids(nb) -> None:
+    """Cell ids from each cell's type and source (jupytext draws random ones), so a regenerated
+    notebook's diff shows only what changed; a repeated cell gets a counter."""
+    seen: dict[str, int] = {}
+    for cell in nb.cells:
+        h = hashlib.sha1(f"{cell.cell_type}\n{cell.source}".encode()).hexdigest()[:8]
+        seen[h] = seen.get(h, 0) + 1
+        cell.id = h if seen[h] == 1 else f"{h}-{seen[h]}"
+
+
 def build(md: Path) -> Path:
     import jupytext
     import nbformat
@@ -59,6 +71,7 @@ def build(md: Path) -> Path:
     ipynb = md.with_suffix(".ipynb")
     nb = jupytext.read(md)
     nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
+    stable_ids(nb)
     nbformat.write(nb, ipynb)
     print(f"[notebooks] executing {ipynb.relative_to(ROOT)}", flush=True)
     # the chapter's tolerance-checked numbers become its new references (looped.report.checks.checked),

@@ -18,8 +18,8 @@ def _open_end(e) -> str:
     ends = [name for name, x in (("lower", e.lo), ("upper", e.hi)) if abs(x) >= DPHI_GRID[-1] - 1e-6]
     if share <= 0 or not ends:
         return ""
-    return (f" ({share:.0%} of its resamples reach the edge of the search range, so its {' and '.join(ends)} "
-            f"end{'s are' if len(ends) > 1 else ' is'} the range's, not a measurement)")
+    return (f" (its {' and '.join(ends)} end{'s are' if len(ends) > 1 else ' is'} the edge of the search range, "
+            f"reached by {share:.0%} of resamples, not a measurement)")
 
 
 def _offset_effect(paired, with_offset) -> str:
