@@ -296,7 +296,9 @@ def test_the_chapter_reports_a_further_budget_and_what_is_still_running():
     assert constancy.robustness_frame(extra).refit.iloc[-1] == "with C = 5×10¹³ added"
     said = constancy.reading(extra)
     assert "predicts the 8 runs at C = 5×10¹³" in said["drift"] and "+0.012 nats" in said["drift"]
-    assert "φ = 0.612 [0.500, 0.700]" in said["drift"]
+    assert "φ = 0.612 [0.500, 0.700]" in said["drift"] and "(RMSE 0.031, 2.4 times the seed noise)" in said["drift"]
+    no_seeds = dict(extra, holdout=extra["holdout"].assign(rmse_over_seed_sd=float("nan")))
+    assert "(RMSE 0.031)." in constancy.reading(no_seeds)["drift"]
     assert "8 of its 20 runs" in said["pending"] and "predicted but not yet fitted" not in said["pending"]
     waiting = dict(extra, settings=dict(extra["settings"], n_drift_joined=0))
     assert "predicted but not yet fitted" in constancy.reading(waiting)["pending"]

@@ -209,12 +209,12 @@ def _holdout_sentence(results: dict, frame: pd.DataFrame) -> str:
     held = results["holdout"]
     if not len(held):
         return ""
-    n_main = len(results["lobo"])
-    text = "".join(
-        f"  Fitted to our {n_main} main budgets alone, the law predicts the {int(h.n_runs)} runs at "
-        f"C = {power_of_ten(h.budget)}, a budget it never saw, with a mean error of {h.mean_error:+.3f} nats "
-        f"(RMSE {h.rmse:.3f}, {h.rmse_over_seed_sd:.1f} times the seed noise)."
-        for h in held.itertuples())
+    n_main, text = len(results["lobo"]), ""
+    for h in held.itertuples():
+        noise = f", {h.rmse_over_seed_sd:.1f} times the seed noise" if np.isfinite(h.rmse_over_seed_sd) else ""
+        text += (f"  Fitted to our {n_main} main budgets alone, the law predicts the {int(h.n_runs)} runs at "
+                 f"C = {power_of_ten(h.budget)}, a budget it never saw, with a mean error of {h.mean_error:+.3f} "
+                 f"nats (RMSE {h.rmse:.3f}{noise}).")
     added = frame[results["robustness"].variant.eq("with_drift_budgets").to_numpy()]
     if len(added):
         row = added.iloc[0]
