@@ -310,6 +310,6 @@ def test_the_chapter_reports_a_further_budget_and_what_is_still_running():
     table = dict(base, settings=dict(base["settings"], n_drift_runs=15, n_drift_joined=0, n_drift_planned=None))
     assert constancy.reading(table)["pending"].endswith("and 15 runs at further budgets.")
     none = dict(base, settings=dict(base["settings"], n_drift_runs=0, n_drift_joined=0, n_drift_planned=20))
-    assert "(`cpu-drift`, 20 runs) is still to run" in constancy.reading(none)["pending"]
+    assert "(`cpu-drift`, 20 runs) has no finished run yet" in constancy.reading(none)["pending"]
     done = dict(extra, settings=dict(extra["settings"], n_drift_runs=20))
     assert "all 20 runs of the larger budget" in constancy.reading(done)["pending"]

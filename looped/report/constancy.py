@@ -235,7 +235,7 @@ def _pending_sentence(results: dict) -> str:
     joined = int(st.get("n_drift_joined", 0))
     so_far = (f") has {done} of its {planned} runs so far"
               + ("" if joined else ", not yet one at every r, so they are predicted but not yet fitted")
-              if done else f", {planned} runs) is still to run")
+              if done else f", {planned} runs) has no finished run yet")
     return text + (f"; the larger budget (`cpu-drift`{so_far}.  Rerun `looped robustness` once it is complete: "
                    "a fifth budget is what would settle the drift.")
 
