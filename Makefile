@@ -78,7 +78,7 @@ export WITH_REPOSITORY
 notebooks: venv  ## regenerate the executed nbval references book/NN_*.ipynb from the .md sources
 	$(PY) tools/notebooks.py $(CHAPTERS)
 
-# The minutes-long analyses over the committed runs (about 30 min on two cores), then the chapters
+# The minutes-long analyses over the committed runs (about 20 min on two cores, measured 3.7 + 16), then the chapters
 # that read their results: run it when new runs have landed, and commit runs/analysis and book/.
 analysis: venv  ## rerun `looped robustness` and `looped paired`, then regenerate chapters 5, 6 and 8
 	$(PY) -m looped robustness --out runs/analysis/robustness.json
