@@ -36,11 +36,17 @@ STUDIES = {
     "prose-seeds": ("prose", "seeds", "prose"),
     "prose-batch": ("prose", "batch", "prose"),
     # Identification and noise: r = 1 controls for the case studies, truncated runs at their
-    # pair's token count, seeds 43/44 (each with its own data order) in every arm, a fifth budget.
+    # pair's token count, seeds 43/44 (each with its own data order) in every arm, and two further
+    # budgets (1.25e12 below the main four, 5e13 above).
     "cpu-controls": ("prose", "controls", "prose"),
     "cpu-matched": ("prose", "truncated_matched", "prose"),
     "cpu-replicates": ("prose", "replicates", "prose"),
     "cpu-drift": ("prose", "drift", "prose"),
+    # Which r = 1 model anchors the hyperconnection comparison: the additive injection (u = s + e)
+    # at r = 1 and 8 on cpu-hyper's points; and seed against data order (seed 43 under the fixed
+    # order, seed 42 under a permuted one) at 8 replicated main-arm configurations.
+    "cpu-additive": ("prose", "additive", "prose"),
+    "cpu-order": ("prose", "order", "prose"),
 }
 
 CASE_STUDIES = {  # a main study -> its truncated-BPTT and hyperconnection case studies
