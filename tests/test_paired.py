@@ -190,3 +190,61 @@ def test_the_paired_verdict_follows_one_rule():
         "yes (not resolved with an offset free)"
     assert paired_reproduced(_estimates((0.05, 0.02, 0.08), (0.04, 0.01, 0.07)), -0.07) == "no (opposite sign)"
     assert paired_reproduced(_estimates((0.01, -0.02, 0.04), (0.04, 0.01, 0.07)), -0.07).startswith("not resolved")
+
+
+def with_controls(dphi, offsets):
+    """Main arm, a variant at r in {2, 4, 8} and its r = 1 controls (variant at r = 1), every width's
+    log-loss shifted by its own offset (offsets: {(budget, s): shift}), the linear r = 1 controls
+    equal to the main r = 1 runs."""
+    main = ps.synthetic(THETA, design())
+    var = ps.synthetic(THETA, design(CASE, (1, 2, 4, 8)), dphi)
+    var["loss"] *= np.exp([offsets[(b, s)] for b, s in zip(var["budget"], var["s"])])
+    ctl = main[main["budget"].isin(CASE) & (main["r"] == 1)].reset_index(drop=True)
+    return main, var, ctl
+
+
+def test_offset_per_width_recovers_dphi_where_one_offset_cannot():
+    offsets = {(b, s): 0.004 * s - 0.03 for b, widths in CASE.items() for s in widths}   # grows with width
+    main, var, ctl = with_controls(-0.2, offsets)
+    width = pp.paired_estimate(main, var, ctl, "width", restarts=30, bootstrap=0)
+    one = pp.paired_estimate(main, var, ctl, True, restarts=30, bootstrap=0)
+    assert width["dphi"].estimate == pytest.approx(-0.2, abs=2e-3) and width["resid_sd"] < 1e-4
+    assert abs(width["r1"]["mean"]) < 1e-4
+    assert one["resid_sd"] > 10 * width["resid_sd"]
+
+
+def test_the_r1_controls_reject_a_model_without_offset():
+    main, var, ctl = with_controls(0.0, {(b, s): -0.02 for b, widths in CASE.items() for s in widths})
+    rng = np.random.default_rng(5)
+    var["loss"] += rng.normal(0, 0.002, len(var))
+    none = pp.paired_estimate(main, var, ctl, False, restarts=30, bootstrap=0)
+    const = pp.paired_estimate(main, var, ctl, True, restarts=30, bootstrap=0)
+    assert none["r1"]["z"] < -5 and none["r1"]["n"] == len(ctl)       # the gain at r = 1 is not predicted
+    assert abs(const["r1"]["z"]) < 3 and const["dphi"].estimate == pytest.approx(0.0, abs=0.05)
+
+
+def test_width_bootstrap_resamples_whole_widths_within_their_budget():
+    main, var, ctl = with_controls(0.1, {(b, s): 0.0 for b, widths in CASE.items() for s in widths})
+    P = pp.pairs(main, var, ctl)
+    groups = pp.width_groups(P)
+    W = pp._pair_weights(P, np.random.default_rng(0), 50, groups)
+    for g in range(groups.max() + 1):                       # all pairs of a width share its count
+        assert (W[:, groups == g] == W[:, groups == g][:, :1]).all()
+    for b in CASE:                                          # each budget keeps its number of widths
+        first = [np.flatnonzero(groups == g)[0] for g in np.unique(groups[P["budget"] == b])]
+        assert (W[:, first].sum(1) == len(first)).all()
+
+
+def test_paired_difference_and_the_token_check_on_a_law_that_prices_tokens_right():
+    main = ps.synthetic(THETA, design())
+    more = ps.synthetic(THETA, design(CASE, (2, 4, 8), dmult=1.27), -0.05)
+    fewer = ps.synthetic(THETA, design(CASE, (2, 4, 8)), -0.05)
+    law = pp.main_law(main, restarts=30, bootstrap=20, boot_restarts=1)
+    d = pp.paired_difference(main, more, fewer, law, bootstrap=20)
+    assert d["a"].estimate == pytest.approx(-0.05, abs=1e-3) and d["difference"].estimate == pytest.approx(0, abs=1e-3)
+    more, fewer = (ps.synthetic(THETA, design(CASE, (2, 4, 8), dmult=m)) for m in (1.27, 1.0))
+    check = pp.token_term_check(more, fewer, THETA)                   # the law that made the runs
+    assert check["n"] == len(fewer) and check["token_ratio"] == pytest.approx(1.27)
+    assert check["observed"] < -0.01 and abs(check["difference"]) < 1e-9
+    mispriced = more.assign(loss=more["loss"] * np.exp(0.002))        # extra tokens worth less than the law says
+    assert pp.token_term_check(mispriced, fewer, THETA)["difference"] == pytest.approx(0.002, abs=1e-9)

@@ -49,7 +49,7 @@ def test_per_budget_phis_and_trend_recover_a_constant_phi(exact):
     np.testing.assert_allclose(pb["phi"], 0.5, atol=0.02)
     tr = R.phi_trend(exact, restarts=8, bootstrap=4, boot_restarts=1)
     assert abs(tr["phi1"]) < 0.02 and abs(tr["phi_mid"] - 0.5) < 0.01
-    assert len(tr["phi1_jack"]) == 4 and tr["phi1_jack_lo"] <= tr["phi1"] <= tr["phi1_jack_hi"]
+    assert tr["n_cells"] == 16 and tr["phi1_jack_se"] < 0.01 and abs(tr["phi1"]) < 0.01   # cells, not budgets
     assert tr["phi0"] == pytest.approx(tr["phi_mid"] - tr["phi1"] * tr["log10_c_centre"])
 
 
@@ -313,3 +313,25 @@ def test_the_chapter_reports_a_further_budget_and_what_is_still_running():
     assert "(`cpu-drift`, 20 runs) has no finished run yet" in constancy.reading(none)["pending"]
     done = dict(extra, settings=dict(extra["settings"], n_drift_runs=20))
     assert "all 20 runs of the larger budget" in constancy.reading(done)["pending"]
+
+
+def test_pure_error_keeps_the_protocols_apart_and_measures_their_shift():
+    """Fixed-order runs (no data_order) sit 0.02 nats above their permuted-order replicates: the shift
+    is measured by protocol_shift and does not inflate the pure error."""
+    fixed = runs(noise=0.0).iloc[::10].head(8).reset_index(drop=True)
+    rng = np.random.default_rng(4)
+    perm = pd.concat([fixed.assign(seed=43 + k, data_order=43 + k, loss=fixed["loss"] - 0.02 + rng.normal(0, 0.005, 8))
+                      for k in range(2)], ignore_index=True)
+    pe = R.replicate_sd(fixed, perm)
+    assert pe["df_pe"] == 8 and pe["n_groups"] == 8 and 0.002 < pe["seed_sd"] < 0.009   # 43/44 pairs only
+    sh = R.protocol_shift(fixed, perm)
+    assert sh["n_configs"] == 8 and sh["shift"] == pytest.approx(-0.02, abs=0.005) and sh["t"] < -5
+    assert R.replicate_sd(fixed, perm, design=fixed.head(3))["n_groups"] == 3          # design points only
+    assert R.protocol_shift(perm)["n_configs"] == 0                                     # nothing to compare
+
+
+def test_trend_simulation_is_centred_on_zero_and_power_is_a_z_test(exact):
+    sim = R.trend_simulation(exact, LAW, cell_sd=0.01, noise=0.005, n_draws=6, restarts=4)
+    assert abs(sim["null_mean"]) < 3 * sim["se"] and 0 < sim["se"] < 1
+    assert R.power(0.0, 0.1) == pytest.approx(0.05, abs=1e-6)
+    assert R.power(2.8 * 0.1, 0.1) == pytest.approx(0.80, abs=0.01) and R.power(-0.28, 0.1) == R.power(0.28, 0.1)

@@ -179,14 +179,27 @@ def _rho(T, P, d):
     return log_law(T, x["n_once_v"], x["n_rec_v"], r, x["tokens_v"], d[..., None]) - target[:, None, :]
 
 
-def _solve(T, P, W, offset: bool, chunk_elems=3_000_000):
-    """(dphi, c) per law row of T (K, 6) and pair weights W (K, n): grid search, then golden section."""
-    def objective(t, w, d):   # dphi d (k, g) -> (objective, offset), each (k, g)
-        rho = _rho(t, P, d)
-        c = _profile_offset(rho, w[:, None, :]) if offset else np.zeros(d.shape)
-        return (w[:, None, :] * huber(HUBER_DELTA, rho + c[..., None])).sum(-1), c
+def _group_offsets(rho, w, groups):
+    """Offsets per group (..., G) minimising the weighted Huber loss of rho + c[group]: the loss is
+    separable in the groups, so each is the one-offset profile of its own pairs."""
+    return np.stack([_profile_offset(rho[..., groups == g], w[..., groups == g]) for g in range(groups.max() + 1)], -1)
 
-    out_d, out_c = np.empty(len(T)), np.zeros(len(T))
+
+def _solve(T, P, W, offset, chunk_elems=3_000_000):
+    """(dphi, offsets) per law row of T (K, 6) and pair weights W (K, n): grid search, then golden
+    section.  `offset`: False (none), True (one for all pairs) or an int array (n,) of group ids,
+    one offset per group (e.g. per width); offsets come back (K, G)."""
+    groups = (np.zeros(len(P), int) if offset is True else np.asarray(offset, int)) if offset is not False else None
+    n_groups = 0 if groups is None else groups.max() + 1
+
+    def objective(t, w, d):   # dphi d (k, g) -> (objective (k, g), offsets (k, g, G))
+        rho = _rho(t, P, d)
+        if groups is None:
+            return (w[:, None, :] * huber(HUBER_DELTA, rho)).sum(-1), np.zeros(d.shape + (0,))
+        c = _group_offsets(rho, np.broadcast_to(w[:, None, :], rho.shape), groups)
+        return (w[:, None, :] * huber(HUBER_DELTA, rho + c[..., groups])).sum(-1), c
+
+    out_d, out_c = np.empty(len(T)), np.zeros((len(T), n_groups))
     step = max(1, chunk_elems // (len(DPHI_GRID) * len(P)))
     for a in range(0, len(T), step):
         t, w = T[a:a + step], W[a:a + step]
@@ -204,14 +217,29 @@ def _solve(T, P, W, offset: bool, chunk_elems=3_000_000):
     return out_d, out_c
 
 
-def _pair_weights(P, rng, n_boot):
-    """(n_boot, n) multiplicities: pairs resampled within their (budget, r) cell, so every r stays
-    in and dphi and the offset stay identified in every resample."""
+def _pair_weights(P, rng, n_boot, groups=None):
+    """(n_boot, n) multiplicities.  Default: pairs resampled within their (budget, r) cell, so every
+    r stays in and dphi and the offset stay identified in every resample.  With `groups` (one
+    offset each): whole groups resampled within their budget, so a drawn group brings all its r."""
     W = np.zeros((n_boot, len(P)))
-    for idx in P.groupby(["budget", "r"]).indices.values():
-        draws = rng.integers(0, len(idx), (n_boot, len(idx)))
-        np.add.at(W, (np.arange(n_boot)[:, None], idx[draws]), 1.0)
+    rows = np.arange(n_boot)[:, None]
+    if groups is None:
+        for idx in P.groupby(["budget", "r"]).indices.values():
+            np.add.at(W, (rows, idx[rng.integers(0, len(idx), (n_boot, len(idx)))]), 1.0)
+        return W
+    budget_of = pd.Series(P["budget"].to_numpy()).groupby(groups).first()
+    for ids in budget_of.groupby(budget_of).groups.values():   # the groups of one budget
+        ids = np.asarray(ids)
+        counts = np.zeros((n_boot, groups.max() + 1))
+        np.add.at(counts, (rows, ids[rng.integers(0, len(ids), (n_boot, len(ids)))]), 1.0)
+        members = np.isin(groups, ids)
+        W[:, members] = counts[:, groups[members]]
     return W
+
+
+def width_groups(P) -> np.ndarray:
+    """Group id of each pair's (budget, s): the configurations that share a width-dependent offset."""
+    return P.groupby(["budget", "s"], sort=True).ngroup().to_numpy()
 
 
 def _estimate(point, samples, n, box=np.inf) -> Estimate:
@@ -230,21 +258,73 @@ def main_law(main_df, restarts=100, seed=0, bootstrap=0, boot_restarts=5) -> Fit
 
 def paired_estimate(main_df, variant_df, controls=None, offset=False, law: FitResult | None = None,
                     restarts=100, bootstrap=1000, boot_restarts=5, seed=0) -> dict:
-    """dphi (and with `offset` the log-loss offset c) of the variant, the law held at the main fit.
-    Bootstrap: each resample pairs one refit of the main law (its bootstrap) with a resample of the
-    pairs.  `law`: a main fit to reuse (with at least `bootstrap` boot_samples).  Returns
-    {'dphi': Estimate, 'offset': Estimate or None, 'resid_sd': SD (nats) of the paired residuals}."""
+    """dphi of the variant, the law held at the main fit, with a log-loss offset: none (False), one
+    for every pair (True) or one per width ('width': per (budget, s), pinned there by the r = 1
+    pairs).  Bootstrap: each resample pairs one refit of the main law (its bootstrap) with a
+    resample of the pairs (of whole widths for 'width').  `law`: a main fit to reuse (with at least
+    `bootstrap` boot_samples).  Returns {'dphi': Estimate, 'offset': Estimate of the one offset or
+    None, 'resid_sd': SD (nats) of the paired residuals, 'r1': the mean log residual of the r = 1
+    pairs with its SE and z (None without r = 1 pairs): how far the model misses the controls}."""
     P = pairs(main_df, variant_df, controls)
     if not ((P["r"] > 1) & (P["n_rec_v"] > 0)).any():
         raise FitError("no pair with r > 1: dphi is not identifiable")
+    groups = width_groups(P) if offset == "width" else None
+    how = groups if groups is not None else bool(offset)
     if law is None or (bootstrap and (law.boot_samples is None or len(law.boot_samples) < bootstrap)):
         law = main_law(main_df, restarts, seed, bootstrap, boot_restarts)
-    d0, c0 = _solve(law_theta(law), P, np.ones((1, len(P))), offset)
-    db, cb = _solve(law.boot_samples[:bootstrap], P, _pair_weights(P, np.random.default_rng([seed, 7]), bootstrap),
-                    offset) if bootstrap else (np.empty(0), np.empty(0))
-    rho = (_rho(law_theta(law), P, d0[:, None]) + c0[0])[0, 0] * P["loss_v"].to_numpy(float)
+    d0, c0 = _solve(law_theta(law), P, np.ones((1, len(P))), how)
+    W = _pair_weights(P, np.random.default_rng([seed, 7]), bootstrap, groups) if bootstrap else None
+    db, cb = _solve(law.boot_samples[:bootstrap], P, W, how) if bootstrap else (np.empty(0), np.empty((0, 1)))
+    shift = c0[0][groups] if groups is not None else (c0[0, 0] if offset else 0.0)
+    resid = -(_rho(law_theta(law), P, d0[:, None])[0, 0] + shift)      # observed minus predicted log-loss
+    one = P["r"].to_numpy() == 1
+    r1 = None
+    if one.sum() > 1:
+        m, se = float(resid[one].mean()), float(resid[one].std(ddof=1) / np.sqrt(one.sum()))
+        r1 = {"mean": m, "se": se, "z": m / se, "n": int(one.sum())}
     return {"dphi": _estimate(d0[0], db, len(P), box=DPHI_GRID[-1]),
-            "offset": _estimate(c0[0], cb, len(P)) if offset else None, "resid_sd": float(rho.std(ddof=1))}
+            "offset": _estimate(c0[0, 0], cb[:, 0], len(P)) if offset is True else None,
+            "resid_sd": float((resid * P["loss_v"].to_numpy(float)).std(ddof=1)), "r1": r1}
+
+
+def paired_difference(main_df, variant_a, variant_b, law: FitResult, bootstrap=1000, seed=0) -> dict:
+    """dphi(a) - dphi(b) (no offset) on the configurations both variants share, every resample
+    drawing one law refit and one resample of those configurations for both: e.g. truncated runs
+    at the budget's tokens against the same runs at their untruncated twin's tokens.  Returns
+    {'a': Estimate, 'b': Estimate, 'difference': Estimate}."""
+    Pa, Pb = pairs(main_df, variant_a), pairs(main_df, variant_b)
+    key = lambda P: pd.Series(list(zip(*(P[k] for k in KEYS))))  # noqa: E731
+    shared = set(key(Pa)) & set(key(Pb))
+    Pa, Pb = (P[key(P).isin(shared).to_numpy()].reset_index(drop=True) for P in (Pa, Pb))
+    if not len(Pa):
+        raise FitError("the two variants share no configuration")
+    W = _pair_weights(Pa, np.random.default_rng([seed, 11]), bootstrap) if bootstrap else None  # same rows, same order
+    ests = {}
+    for name, P in (("a", Pa), ("b", Pb)):
+        d0, _ = _solve(law_theta(law), P, np.ones((1, len(P))), False)
+        db, _ = _solve(law.boot_samples[:bootstrap], P, W, False) if bootstrap else (np.empty(0), None)
+        ests[name] = (d0[0], db)
+    diff = _estimate(ests["a"][0] - ests["b"][0], ests["a"][1] - ests["b"][1], len(Pa))
+    return {"a": _estimate(*ests["a"], len(Pa)), "b": _estimate(*ests["b"], len(Pb)), "difference": diff}
+
+
+def token_term_check(variant_more, variant_fewer, law: FitResult) -> dict:
+    """The law's data term against the runs: pairs of one model (same N, same r) trained on more and
+    on fewer tokens; observed and law-predicted change of log-loss, and their difference per pair
+    (mean, SD, t).  A law that prices extra tokens right has a mean difference near zero."""
+    m, f = _keyed(variant_more, "more tokens"), _keyed(variant_fewer, "fewer tokens")
+    j = m.merge(f, on="_key", suffixes=("_m", "_f"))
+    if len(j) < 2:
+        raise FitError("fewer than two pairs of the same model at two token counts")
+    T, r = law_theta(law), j["r_m"].to_numpy(float)
+    pred = log_law(T, j["n_once_m"].to_numpy(float), j["n_rec_m"].to_numpy(float), r, j["tokens_m"].to_numpy(float)) \
+        - log_law(T, j["n_once_f"].to_numpy(float), j["n_rec_f"].to_numpy(float), r, j["tokens_f"].to_numpy(float))
+    obs = np.log(j["loss_m"].to_numpy(float)) - np.log(j["loss_f"].to_numpy(float))
+    e = obs - pred[0]
+    sd = float(e.std(ddof=1))
+    return {"n": len(j), "token_ratio": float((j["tokens_m"] / j["tokens_f"]).mean()), "observed": float(obs.mean()),
+            "predicted": float(pred[0].mean()), "difference": float(e.mean()), "sd": sd,
+            "t": float(e.mean() / (sd / np.sqrt(len(j))))}
 
 
 def paper_protocol(main_df, variant_df, budgets=None, restarts=100, bootstrap=200, boot_restarts=5,
@@ -276,12 +356,3 @@ def run_key(df):
         (float(f"{b:.6g}"), float(r), round(float(s), 6))
         for b, r, s in df[["budget", "r", "s"]].itertuples(index=False)
     ]
-
-
-def seed_sd(runs) -> float:
-    """Pooled SD (nats) of the loss across seeds of one (arm, budget, r, s); NaN without replicates."""
-    df = pd.concat([validate_runs(d).assign(arm=a) for a, d in runs.items() if len(d)], ignore_index=True)
-    g = df.assign(k=run_key(df)).groupby(["arm", "k"])["loss"]
-    n, v = g.count(), g.var(ddof=1)
-    dof = (n - 1)[n > 1]
-    return float(np.sqrt((v[n > 1] * dof).sum() / dof.sum())) if dof.sum() > 0 else float("nan")

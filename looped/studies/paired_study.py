@@ -26,28 +26,42 @@ from .paired import (
     load_arms,
     log_law,
     main_law,
+    paired_difference,
     paired_estimate,
     paired_gains,
     pairs,
     paper_protocol,
     run_key,
     same_runs,
-    seed_sd,
+    token_term_check,
 )
+from .replicates import replicate_sd
 
-STUDIES = ("truncated", "hyper", "truncated_matched")
+STUDIES = ("truncated_matched", "truncated", "hyper")   # matched first: truncation's headline
 QUICK = dict(restarts=20, bootstrap=40, boot_restarts=2, n_reps=4, sim_bootstrap=30)
 FULL = dict(restarts=100, bootstrap=1000, boot_restarts=5, n_reps=100, sim_bootstrap=200)
 
 RESULTS = REPO / "runs" / "analysis" / "paired.json"   # what `looped paired` wrote, committed
 ESTIMATORS = ("paper", "paired", "paired_offset")
+# The hyperconnection models: (offset, r = 1 anchor).  The offset is what the variant changes at
+# every r alike; the r = 1 controls measure it, as one number or one per width, against the
+# linear-injection r = 1 model (the baseline's own injection) or the plain r = 1 model.
+HYPER_MODELS = {"none_linear": (False, "linear"), "constant_linear": (True, "linear"),
+                "width_linear": ("width", "linear"), "constant_plain": (True, "plain"),
+                "width_plain": ("width", "plain")}
+# The estimate each case study's verdict reads (study, estimator), and why: truncation at matched
+# tokens (the variant differs from its twin only in what backprop sees), hyperconnections with
+# one offset per width pinned by the r = 1 controls (the model that fits the pairs to their noise).
+HEADLINE = {"truncated": ("truncated_matched", "paired"), "hyper": ("hyper", "width_linear")}
 
 
 def read_results(path=RESULTS) -> dict:
     """The committed results of `looped paired`, per case study: its estimates of dphi (one row
-    per estimator, and the offset), its paired gains by r (variant minus baseline log-loss) and
-    the simulation of the estimators at the estimated dphi; plus the settings, the main fit and
-    the run time in seconds."""
+    per estimator, and the offset), its paired gains by r (variant minus baseline log-loss), the
+    simulation of the estimators at the headline dphi, the hyperconnection models (one row each:
+    dphi, interval, residual SD, the r = 1 pairs' mean residual and z) and truncation's split
+    (unmatched, matched and their difference on shared configurations; the data-term check);
+    plus the settings, the main fit and the run time in seconds."""
     raw = json.loads(Path(path).read_text())
     out = {"settings": raw["settings"], "main_fit": raw["main_fit"], "seconds": raw["seconds"], "studies": {}}
     for name, st in raw["studies"].items():
@@ -56,7 +70,11 @@ def read_results(path=RESULTS) -> dict:
         out["studies"][name] = {
             "estimates": pd.DataFrame([dict(estimator=k, **st[k]) for k in ESTIMATORS]),
             "offset": st["offset_log"], "pairs": st["pairs"], "gains_by_r": pd.DataFrame(st["gains_by_r"]),
-            "simulation": pd.DataFrame(raw["simulation"].get(name, {}).get("summary", []))}
+            "simulation": pd.DataFrame(raw["simulation"].get(name, {}).get("summary", [])),
+            "models": pd.DataFrame([dict(model=m, anchor=v["anchor"], offset_form=v["offset_form"], **v["dphi"],
+                                         resid_sd=v["resid_sd"], **{f"r1_{k}": x for k, x in (v["r1"] or {}).items()})
+                                    for m, v in st.get("models", {}).items()]),
+            "split": st.get("split"), "token_check": st.get("token_check")}
     return out
 
 
@@ -152,7 +170,7 @@ def main(argv=None) -> int:
         if a.same_runs_as:
             arms = same_runs(arms, a.same_runs_as)
         main_df, ctl = arms["main"], arms["control_linear"]
-        measured = seed_sd(arms)
+        measured = replicate_sd(*arms.values())["seed_sd"]   # pure error, one protocol per group
         noise = a.seed_sd if a.seed_sd is not None else (measured if np.isfinite(measured) else 0.011)
         law = main_law(main_df, **kw)
         out = {"settings": dict(cfg, seed=a.seed, seed_sd=noise, seed_sd_measured=measured, quick=a.quick,
@@ -174,11 +192,21 @@ def main(argv=None) -> int:
                    "paired_offset": both["dphi"], "offset_log": both["offset"],
                    "resid_sd": one["resid_sd"], "resid_sd_offset": both["resid_sd"]}
             res["paper"] = paper_protocol(main_df, arms[name], **kw)
+            if name == "hyper":
+                res["models"] = {
+                    m: dict(paired_estimate(main_df, var, ctl if anchor == "linear" else None, off, law, **kw),
+                            offset_form=str(off), anchor=anchor) for m, (off, anchor) in HYPER_MODELS.items()}
+            if name == "truncated" and len(arms["truncated_matched"]):
+                res["split"] = paired_difference(main_df, arms["truncated"], arms["truncated_matched"], law,
+                                                 kw["bootstrap"], a.seed)
+                res["token_check"] = token_term_check(arms["truncated"], arms["truncated_matched"], law)
             res.update(gains_by_r=paired_gains(P, ("r",)), gains_by_budget=paired_gains(P, ("budget",)),
                        gains_by_budget_r=paired_gains(P, ("budget", "r")))
             out["studies"][name] = res
             if name in ("truncated", "hyper"):
-                true = a.true_dphi if a.true_dphi is not None else float(np.clip(res["paired"].estimate, -1, 1))
+                head = out["studies"].get(HEADLINE[name][0], res)
+                head = head["models"][HEADLINE[name][1]]["dphi"] if "models" in head else head[HEADLINE[name][1]]
+                true = a.true_dphi if a.true_dphi is not None else float(np.clip(head.estimate, -1, 1))
                 t1 = time.perf_counter()
                 sim = simulate_estimators(main_df, var, true, cfg["n_reps"], a.seed, ctl, 0.0, noise, a.quick)
                 out["simulation"][name] = {"true_dphi": true, "seconds": time.perf_counter() - t1, "summary": sim}

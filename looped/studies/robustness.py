@@ -33,9 +33,7 @@ from ..solver import LAW_PARAMS, RunArrays, law_loss
 from .multifit import FIVE, NAN2, _cells, _rmse, check_runs, fit_multi, onehot
 from .paper import PAPER_DIR, PAPER_LAW, paper_grid, paper_table, runs_from_minima
 from .registry import STUDIES, load_study
-
-CONFIG = ("budget", "r", "s", "injection", "bptt_k")        # a replicate group: same config, other seed
-
+from .replicates import protocol_shift, replicate_sd
 
 RESULTS = REPO / "runs" / "analysis" / "robustness.json"   # what `looped robustness` wrote, committed
 HOLDOUT_COLUMNS = ["budget", "n_runs", "mean_error", "rmse", "rmse_over_seed_sd"]
@@ -47,7 +45,8 @@ def read_results(path=RESULTS) -> dict:
     raw = json.loads(Path(path).read_text())
     gof, pvc = raw["goodness_of_fit"], raw["phi_vs_compute"]
     out = {"robustness": pd.DataFrame(raw["robustness"]), "summary": gof["summary"], "settings": raw["settings"],
-           "synthetic": pd.DataFrame([dict(scenario=k, **v["summary"]) for k, v in raw["synthetic"].items()])}
+           "synthetic": pd.DataFrame([dict(scenario=k, **v["summary"]) for k, v in raw["synthetic"].items()]),
+           "drift_calibration": raw.get("drift_calibration", {})}
     out.update({k: pd.DataFrame(gof[k]) for k in ("by_r", "by_position", "by_role", "lobo", "residuals")})
     out["holdout"] = pd.DataFrame(gof.get("holdout", []), columns=HOLDOUT_COLUMNS)
     out.update({k: pd.DataFrame(pvc[k]) for k in ("per_budget", "windows", "paper_per_budget", "paper_windows",
@@ -195,27 +194,50 @@ def window_phi(df, width=2, restarts=500, bootstrap=200, seed=0, boot_restarts=N
 
 def phi_trend(df, restarts=200, bootstrap=200, seed=0, boot_restarts=8, fix=None) -> dict:
     """phi_i = phi0 + phi1 log10(C_i), the other five shared.  phi_mid: phi at the mean log10 C of
-    the budgets (log10_c_centre).  phi1's interval: cell-bootstrap percentiles, and the
-    jackknife over budgets (SE; Student t with n_budgets - 1 df)."""
+    the budgets (log10_c_centre).  phi1's scales: cell-bootstrap percentiles (a robustness band:
+    with few cells its ends move between reruns) and the delete-one jackknife over (budget, r)
+    cells (SE, z = phi1 / SE).  A jackkknife over budgets would only measure how far four points
+    scatter about a line, not the noise of each budget's phi."""
     df = check_runs(df)
     lb = np.log10(sorted(df["budget"].unique()))
     centre = float(lb.mean())
 
-    def one(sub, boot):
+    def one(sub, boot, restarts=restarts):
         X = np.column_stack([np.ones(len(sub)), np.log10(sub["budget"].to_numpy(float)) - centre])
         return fit_multi(sub, X, ["phi_mid", "phi1"], restarts=restarts, seed=seed, bootstrap=boot,
                          boot_restarts=boot_restarts, fix=fix)
 
-    m = one(df, bootstrap)
-    jack = np.array([one(df[np.log10(df["budget"]) != v].reset_index(drop=True), 0).params["phi1"] for v in lb]
-                    if len(lb) > 2 else [])
-    kb, p1 = len(jack), m.params["phi1"]
-    se = float(np.sqrt((kb - 1) / kb * ((jack - jack.mean()) ** 2).sum())) if kb > 1 else math.nan
-    t = stats.t.ppf(0.975, kb - 1) if kb > 1 else math.nan
+    m, cells = one(df, bootstrap), _cells(df)
+    jack = np.array([one(df[cells != c].reset_index(drop=True), 0, min(restarts, 32)).params["phi1"]
+                     for c in range(cells.max() + 1)])
+    k, p1 = len(jack), m.params["phi1"]
+    se = float(np.sqrt((k - 1) / k * ((jack - jack.mean()) ** 2).sum())) if k > 2 else math.nan
     return dict(phi_mid=m.params["phi_mid"], phi1=p1, phi0=m.params["phi_mid"] - p1 * centre, log10_c_centre=centre,
                 phi1_boot_lo=m.ci.get("phi1", NAN2)[0], phi1_boot_hi=m.ci.get("phi1", NAN2)[1], phi1_jack_se=se,
-                phi1_jack_lo=p1 - t * se, phi1_jack_hi=p1 + t * se, phi1_jack=jack.tolist(), n_budgets=len(lb),
-                n_runs=m.n_runs, r2=m.r2, rmse=m.rmse)
+                phi1_jack_z=p1 / se, n_cells=k, n_budgets=len(lb), n_runs=m.n_runs, r2=m.r2, rmse=m.rmse)
+
+
+def trend_simulation(df, law: dict, cell_sd: float, noise: float, n_draws=100, restarts=16, seed=0) -> dict:
+    """The trend's SE where there is no trend: losses from the constant-phi `law` on our design, plus
+    one shift per (budget, r) cell of SD `cell_sd` nats (the law's misfit, as observed) and white
+    noise of SD `noise` nats (seed noise), each draw's phi1 refitted.  Returns the null mean and SD of phi1."""
+    design = check_runs(df)
+    truth, cell = law_loss(_theta(law), RunArrays.from_frame(design)), _cells(design)
+    rng, centre = np.random.default_rng([seed, 3]), float(np.log10(sorted(design["budget"].unique())).mean())
+    X = np.column_stack([np.ones(len(design)), np.log10(design["budget"].to_numpy(float)) - centre])
+    draws = []
+    for i in range(n_draws):
+        y = truth + rng.normal(0, cell_sd, cell.max() + 1)[cell] + rng.normal(0, noise, len(design))
+        draws.append(fit_multi(design.assign(loss=y), X, ["phi_mid", "phi1"], restarts=restarts,
+                               seed=seed + i).params["phi1"])
+    d = np.asarray(draws)
+    return dict(null_mean=float(d.mean()), se=float(d.std(ddof=1)), n_draws=n_draws, cell_sd=cell_sd, noise=noise)
+
+
+def power(effect: float, se: float) -> float:
+    """Two-sided 5% power of a z test of slope `effect` with standard error `se` (normal approximation)."""
+    z = abs(effect) / se
+    return float(stats.norm.sf(1.959964 - z) + stats.norm.cdf(-1.959964 - z))
 
 
 def phi_vs_compute(df, restarts=500, bootstrap=200, seed=0, boot_restarts=None, multi_restarts=200,
@@ -244,21 +266,6 @@ def phi_vs_compute(df, restarts=500, bootstrap=200, seed=0, boot_restarts=None, 
 
 # ----------------------------------------------------------------------------- 3. goodness of fit
 
-def replicate_sd(*tables) -> dict:
-    """Pooled within-config SD of the loss over replicate groups (same budget, r, s, injection,
-    bptt_k; another seed or data order); a record in several tables counts once."""
-    runs = pd.concat([t for t in tables if t is not None and len(t)], ignore_index=True)
-    key = [c for c in CONFIG if c in runs.columns]
-    runs = runs.assign(**{c: runs[c] if c in runs.columns else math.nan for c in ("seed", "data_order")})
-    runs = runs.assign(_l=runs["loss"].round(12)).drop_duplicates([*key, "seed", "data_order", "_l"])
-    norm = lambda v: f"{v:g}" if isinstance(v, (int, float, np.number)) else str(v)   # 1 == 1.0 across tables
-    g = runs.groupby([runs[c].map(norm) for c in key])["loss"]
-    n, ss = g.size(), float(g.apply(lambda v: ((v - v.mean()) ** 2).sum()).sum())
-    dof = int((n[n > 1] - 1).sum())
-    return dict(seed_sd=math.sqrt(ss / dof) if dof else math.nan, df_pe=dof, n_groups=int((n > 1).sum()),
-                n_replicate_runs=int(n[n > 1].sum()))
-
-
 def _by(e, keys, name) -> pd.DataFrame:
     g = pd.DataFrame({name: keys, "e": e}).groupby(name)["e"]
     return pd.DataFrame({"n": g.size(), "mean": g.mean(), "se": g.std(ddof=1) / np.sqrt(g.size()),
@@ -275,11 +282,15 @@ def goodness_of_fit(df, seed_df=None, restarts=500, seed=0, n_params=6, drift=No
     df = check_runs(df, need=("budget", "s"))
     res = fit(df, restarts=restarts, seed=seed)
     e, n = _residuals(res, df), len(df)
-    rep = replicate_sd(df, None if seed_df is None else check_runs(seed_df, need=()))
+    seeds = None if seed_df is None else check_runs(seed_df, need=())
+    rep = replicate_sd(df, seeds, design=df)
     var = float(e @ e) / (n - n_params)
     F = var / rep["seed_sd"] ** 2 if rep["df_pe"] else math.nan
+    cell_means = pd.Series(e).groupby(_cells(df)).mean()
     summ = dict(
         rmse=_rmse(e),
+        cell_sd=float(cell_means.std(ddof=1)),   # SD of the (budget, r) cells' mean residual: the misfit's scale
+        seed42=protocol_shift(df, seeds),
         resid_sd=math.sqrt(var),
         **rep,
         rmse_over_seed_sd=_rmse(e) / rep["seed_sd"],
@@ -354,9 +365,9 @@ def synthetic_recovery(design_df, law: dict, n_draws=50, noise=0.01, kind="white
 # ----------------------------------------------------------------------------- 5. command line
 
 FULL = dict(restarts=500, bootstrap=200, boot_restarts=None, multi_restarts=200, multi_boot_restarts=8,
-            draws=50, synth_restarts=100, synth_bootstrap=100, synth_boot_restarts=8)
+            draws=50, synth_restarts=100, synth_bootstrap=100, synth_boot_restarts=8, trend_draws=200)
 QUICK = dict(restarts=50, bootstrap=20, boot_restarts=4, multi_restarts=16, multi_boot_restarts=2,
-             draws=20, synth_restarts=50, synth_bootstrap=10, synth_boot_restarts=2)
+             draws=20, synth_restarts=50, synth_bootstrap=10, synth_boot_restarts=2, trend_draws=20)
 
 
 
@@ -375,14 +386,21 @@ def run_all(df, seed_df, s: dict, seed=0, drift=None) -> dict:
     lap("robustness", robustness_table(df, drift=drift, **kw))
     lap("phi_vs_compute", phi_vs_compute(df, drift=drift, **kw))
     g = out["goodness_of_fit"]["summary"]
+    noise = g["seed_sd"] if math.isfinite(g["seed_sd"]) else g["rmse"]
+    trend = out["phi_vs_compute"]["trend"].set_index("data").loc["ours"]
+    sim = trend_simulation(add_budgets(df, drift)[0], g["law"], g["cell_sd"], noise, s["trend_draws"], seed=seed)
+    lap("drift_calibration", dict(sim, phi1=trend.phi1, z=trend.phi1 / sim["se"], jack_se=trend.phi1_jack_se,
+                                  power_at_estimate=power(trend.phi1, sim["se"]),
+                                  power_at_half=power(trend.phi1 / 2, sim["se"])))
     pres = paper_table("joint_fit_residuals")      # the paper's residual RMSE as its noise
-    scenarios = {"ours": (df, g["law"], g["seed_sd"] if math.isfinite(g["seed_sd"]) else g["rmse"]),
+    scenarios = {"ours": (df, g["law"], noise, g["cell_sd"]),
                  "paper": (paper_design(), published_law(),
-                           float(np.sqrt((pres["n_runs"] * pres["rmse"] ** 2).sum() / pres["n_runs"].sum())))}
+                           float(np.sqrt((pres["n_runs"] * pres["rmse"] ** 2).sum() / pres["n_runs"].sum())), None)}
     lap("synthetic", {f"{name}_{kind}": synthetic_recovery(
         des[["budget", "r", "n_once", "n_rec", "tokens"]], law, n_draws=s["draws"], noise=nz, kind=kind,
-        restarts=s["synth_restarts"], bootstrap=s["synth_bootstrap"], boot_restarts=s["synth_boot_restarts"], seed=seed)
-        for name, (des, law, nz) in scenarios.items() for kind in ("white", "cell")})
+        cell_noise=cell, restarts=s["synth_restarts"], bootstrap=s["synth_bootstrap"],
+        boot_restarts=s["synth_boot_restarts"], seed=seed)
+        for name, (des, law, nz, cell) in scenarios.items() for kind in ("white", "cell")})
     return dict(out, seconds=sec)
 
 

@@ -1,0 +1,63 @@
+"""Replicate runs: the pure error (the loss's spread between seeds of one configuration) and the
+shift between the data-order protocols.
+
+Our seed-42 runs read the training rows in a fixed order; their replicates (seeds 43, 44) each
+read the same rows in their own permuted order.  A group for the pure error is therefore one
+configuration under one protocol, so that a systematic difference between the protocols (which
+`protocol_shift` measures) is not counted as noise.  Numbers only.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from .multifit import check_runs
+
+CONFIG = ("budget", "r", "s", "injection", "bptt_k")        # a replicate group: same config, other seed
+
+
+def _config_key(runs) -> pd.Series:
+    """One string per configuration (budget, r, s, injection, bptt_k), equal across tables (1 == 1.0)."""
+    norm = lambda v: f"{v:g}" if isinstance(v, (int, float, np.number)) else str(v)  # noqa: E731
+    key = [c for c in CONFIG if c in runs.columns]
+    return runs[key].apply(lambda row: "|".join(norm(v) for v in row), axis=1)
+
+
+def _replicates(*tables) -> pd.DataFrame:
+    """The runs of `tables` with config key, protocol ('fixed' data order or 'permuted') and seed;
+    a record in several tables counts once."""
+    runs = pd.concat([t for t in tables if t is not None and len(t)], ignore_index=True)
+    runs = runs.assign(**{c: runs[c] if c in runs.columns else math.nan for c in ("seed", "data_order")})
+    runs = runs.assign(_l=runs["loss"].round(12), config=_config_key(runs),
+                       protocol=np.where(runs["data_order"].notna(), "permuted", "fixed"))
+    return runs.drop_duplicates(["config", "seed", "data_order", "_l"]).reset_index(drop=True)
+
+
+def replicate_sd(*tables, design=None) -> dict:
+    """Pooled within-group SD of the loss (pure error): groups are runs of one configuration under
+    one protocol (the fixed data order, or each seed with its own permuted order), so a systematic
+    difference between the protocols is not counted as noise.  `design`: only configurations that
+    are its design points (the runs a law was fitted to)."""
+    runs = _replicates(*tables)
+    if design is not None:
+        runs = runs[runs["config"].isin(set(_config_key(check_runs(design, need=()))))]
+    g = runs.groupby(["config", "protocol"])["loss"]
+    n, ss = g.size(), float(g.apply(lambda v: ((v - v.mean()) ** 2).sum()).sum())
+    dof = int((n[n > 1] - 1).sum())
+    return dict(seed_sd=math.sqrt(ss / dof) if dof else math.nan, df_pe=dof, n_groups=int((n > 1).sum()),
+                n_replicate_runs=int(n[n > 1].sum()))
+
+
+def protocol_shift(*tables) -> dict:
+    """The fixed-order run (seed 42) against the mean of its permuted-order replicates at each
+    configuration that has both: mean shift (replicates minus fixed, nats), its SE, t, and in how
+    many configurations the replicates lie below."""
+    runs = _replicates(*tables)
+    per = runs.groupby(["config", "protocol"])["loss"].mean().unstack()
+    if not {"fixed", "permuted"} <= set(per.columns):
+        return dict(shift=math.nan, se=math.nan, t=math.nan, n_configs=0, n_below=0)
+    d = (per["permuted"] - per["fixed"]).dropna()
+    se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else math.nan
+    return dict(shift=float(d.mean()), se=se, t=float(d.mean() / se), n_configs=len(d), n_below=int((d < 0).sum()))
