@@ -20,6 +20,7 @@ COMMANDS = {  # name -> (module, function, one-line help)
     "paired": (
         "looped.studies.paired_study", "main", "case studies: paired estimators of delta-phi and their simulation"
     ),
+    "external": ("looped.studies.external", "main", "phi on another lab's looped runs (qlabs scaling-exponents tables)"),
 }
 
 

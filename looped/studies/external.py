@@ -1,0 +1,435 @@
+"""φ on another lab's looped runs: the qlabs-eng/scaling-exponents tables (Chen et al., arXiv
+2609.19107, MIT; ``runs/external/qlabs-scaling-exponents/``) read into our runs table and analysed.
+
+Reader: width w = 128 d with d heads of 128, a prelude / core / coda split of the d layers,
+524,288 tokens per step, sequence 2,048, GPT-2 vocabulary padded to 50,304.  N counts their
+blocks as 4w^2 attention + 2w h MLP, with their MLP width h = 4w rounded up to a multiple of 384
+(what their ``compute_flops`` implies; norms are parameter-free); embedding and head are excluded,
+as in the paper.  Our FLOPs (`looped.accounting`, 4w MLP, 12 w T attention per layer, both
+directions of every pair counted) are checked against theirs (causal attention, 6 w T per layer).
+
+Analyses (`run_all`, `python -m looped.studies.external --out F`): what one ladder can identify
+(profiles), a matched-loss (ladder-equivalent) φ of the two-loop arm against each r = 1 reference
+ladder, and the data-constrained grid fitted with D fixed.  Every fit is `looped.fit.fit`; the
+profiles fix one parameter and refit the others.  Numbers only.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+from scipy.interpolate import PchipInterpolator
+from scipy.optimize import brentq
+
+from .. import accounting as acc
+from ..config import REPO, ModelConfig, repo_relative
+from ..fit import FitError, fit, validate_runs
+from ..io import atomic_write_json, json_ready
+from ..solver import RunArrays, law_loss
+from .paper import PAPER_LAW
+
+DATA = REPO / "runs" / "external" / "qlabs-scaling-exponents"
+RESULTS = REPO / "runs" / "analysis" / "external.json"
+BATCH_TOKENS, SEQ_LEN, VOCAB, VOCAB_PAD, HEAD_DIM = 524_288, 2048, 50_257, 64, 128
+GRID_STEPS = 1900                 # every run of the data-constrained grid
+MLP_MULTIPLE = 384                # their MLP width: 4w rounded up to a multiple of this
+TOL_THEIRS = 1e-4                 # our reading of their formula against compute_flops (relative)
+TOL_OURS = 0.06                   # our accounting (4w MLP), attention halved (causal), against compute_flops
+ARMS = {"vanilla": "plain", "deep_vanilla": "deeper plain", "untied_2": "untied copies", "loop_2": "two-loop"}
+REFERENCES = ("untied_2", "deep_vanilla", "vanilla")
+COLUMNS = {"ladder": ("arm", "depth", "compute_flops", "val_loss"),
+           "steps": ("arm", "depth", "steps", "layers_prelude", "layers_core", "layers_coda", "loops"),
+           "grid": ("depth", "loops", "weight_decay", "compute_flops", "val_loss")}
+FILES = {"ladder": "fineweb_ladders.csv", "steps": "ladder_steps.csv", "grid": "loop_grid.csv"}
+FULL = dict(restarts=300, bootstrap=200, boot_restarts=20, profile_points=36)
+QUICK = dict(restarts=40, bootstrap=20, boot_restarts=3, profile_points=13)
+INTERP = ("linear", "pchip", "quadratic")
+DATA_SCALES = (0.5, 1.0, 1.5)     # the paper's data term B D^-beta, scaled: the token correction's range
+
+
+# ----------------------------------------------------------------------------- reader
+
+def read_table(path, kind: str) -> pd.DataFrame:
+    """One of their CSV files, checked: FitError (one line) if unreadable, a column is missing or a
+    number is missing / non-finite where one is needed (the split columns may be empty for plain arms)."""
+    p = Path(path)
+    if not p.is_file():
+        raise FitError(f"{p}: no such file")
+    try:
+        df = pd.read_csv(p)
+    except Exception as e:  # noqa: BLE001 - any parse failure is a one-line input error
+        raise FitError(f"{p}: unreadable ({(str(e).strip().splitlines() or [type(e).__name__])[0]})") from None
+    missing = [c for c in COLUMNS[kind] if c not in df.columns]
+    if missing:
+        raise FitError(f"{p}: missing column(s) {', '.join(missing)}")
+    optional = ("layers_prelude", "layers_core", "layers_coda")
+    for c in COLUMNS[kind]:
+        if c == "arm":
+            continue
+        v = pd.to_numeric(df[c], errors="coerce")
+        bad = ~np.isfinite(v.to_numpy(float)) & ~(df[c].isna() & (c in optional))
+        if bad.any() or (v.dropna() < 0).any():
+            i = int(np.flatnonzero(bad | (v < 0).to_numpy())[0])
+            raise FitError(f"{p}: column {c} has a missing, negative or non-numeric value ({df[c].iloc[i]!r}, row {i})")
+        df[c] = v
+    return df
+
+
+def split(depth: int) -> tuple[int, int, int]:
+    """Their prelude / core / coda split of d layers (about d/3 each; the rule behind ladder_steps.csv)."""
+    pre = depth // 3
+    core = math.ceil((depth - pre) / 2)
+    return pre, core, depth - pre - core
+
+
+def mlp_hidden(w: int) -> int:
+    return int(math.ceil(4 * w / MLP_MULTIPLE) * MLP_MULTIPLE)
+
+
+def block(w: int) -> int:
+    """Their block: 4w^2 attention + 2w h MLP (norms without parameters)."""
+    return 4 * w * w + 2 * w * mlp_hidden(w)
+
+
+def config(depth: int, pre: int, core: int, coda: int, loops: int) -> ModelConfig:
+    """Our ModelConfig of one of their models (plain: every layer in the loop slot, run once;
+    looped: the core run `loops` times with a parameter-free injection, as their FLOPs count none)."""
+    w = 128 * depth
+    if loops == 1:
+        return ModelConfig(d_model=w, head_dim=HEAD_DIM, n_prelude=0, n_loop_layers=pre + core + coda, n_coda=0,
+                           r=1, injection="none", seq_len=SEQ_LEN, vocab_size=VOCAB, vocab_pad=VOCAB_PAD).validate()
+    return ModelConfig(d_model=w, head_dim=HEAD_DIM, n_prelude=pre, n_loop_layers=core, n_coda=coda, r=loops,
+                       injection="additive", seq_len=SEQ_LEN, vocab_size=VOCAB, vocab_pad=VOCAB_PAD).validate()
+
+
+def _row(study, arm, depth, pre, core, coda, loops, steps, loss, their_flops, attention=True) -> dict:
+    w, blk = 128 * depth, block(128 * depth)
+    executed = pre + coda + loops * core
+    cfg = config(depth, pre, core, coda, loops)
+    parts = acc.flops_breakdown(cfg)
+    theirs = 6 * (executed * blk + cfg.padded_vocab * w) + (6 * executed * w * SEQ_LEN if attention else 0)
+    ours = parts["weights"] + parts["head"] + (parts["attention"] / 2 if attention else 0)
+    tokens = steps * BATCH_TOKENS
+    return dict(study=study, arm=arm, depth=depth, s=depth, d_model=w, r=loops, layers_prelude=pre, layers_core=core,
+                layers_coda=coda, executed_layers=executed, n_once=(pre + coda + (core if loops == 1 else 0)) * blk,
+                n_rec=0 if loops == 1 else core * blk, steps=steps, tokens=tokens, loss=loss, budget=their_flops,
+                flops_per_token=acc.flops_per_token(cfg), their_formula_ratio=their_flops / (theirs * tokens),
+                our_causal_ratio=their_flops / (ours * tokens), embedding=2 * cfg.padded_vocab * w)
+
+
+def ladder_runs(folder=DATA) -> pd.DataFrame:
+    """The four ladders with known steps as our runs table (study 'qlabs-ladder', one row per arm and depth).
+    untied_2 is two untied copies of the core (r = 1, every layer unique); deep_vanilla has its executed depth."""
+    folder = Path(folder)
+    lad, st = read_table(folder / FILES["ladder"], "ladder"), read_table(folder / FILES["steps"], "steps")
+    m = lad.merge(st, on=["arm", "depth"], how="inner")
+    if m.empty:
+        raise FitError(f"{folder}: no (arm, depth) of {FILES['ladder']} has steps in {FILES['steps']}")
+    split_of = {int(x.depth): (int(x.layers_prelude), int(x.layers_core), int(x.layers_coda))
+                for x in m[m.arm == "untied_2"].itertuples()}
+    rows = []
+    for x in m.itertuples():
+        d = int(x.depth)
+        if x.arm in ("loop_2", "untied_2"):
+            pre, core, coda = int(x.layers_prelude), int(x.layers_core), int(x.layers_coda)
+            loops = int(x.loops)
+            if x.arm == "untied_2":     # two untied copies: a plain stack of pre + 2 core + coda
+                pre, core, coda = 0, pre + 2 * core + coda, 0
+        elif x.arm == "deep_vanilla":   # a plain stack with untied_2's executed layers
+            p, c, cd = split_of.get(d, split(d))
+            pre, core, coda, loops = 0, p + 2 * c + cd, 0, 1
+        else:
+            pre, core, coda, loops = 0, d, 0, 1
+        rows.append(_row("qlabs-ladder", x.arm, d, pre, core, coda, loops, int(x.steps), float(x.val_loss),
+                         float(x.compute_flops)))
+    return validate_runs(pd.DataFrame(rows), "ladder")
+
+
+def grid_runs(folder=DATA, best: bool = True) -> pd.DataFrame:
+    """The data-constrained grid as our runs table (study 'qlabs-grid'); best: the lowest loss over weight
+    decay per (depth, loops), with `wd_at_edge` where that weight decay is the smallest or largest tried."""
+    g = read_table(Path(folder) / FILES["grid"], "grid")
+    rows = []
+    for x in g.itertuples():
+        pre, core, coda = split(int(x.depth))
+        row = _row("qlabs-grid", f"loops_{int(x.loops)}", int(x.depth), pre, core, coda, int(x.loops), GRID_STEPS,
+                   float(x.val_loss), float(x.compute_flops), attention=False)
+        rows.append(dict(row, weight_decay=float(x.weight_decay)))
+    df = pd.DataFrame(rows)
+    if best:
+        key = ["depth", "r"]
+        lo, hi = df.groupby(key).weight_decay.transform("min"), df.groupby(key).weight_decay.transform("max")
+        df = df.assign(wd_at_edge=(df.weight_decay == lo) | (df.weight_decay == hi), n_wd=df.groupby(key).loss.transform("size"))
+        df = df.loc[df.groupby(key).loss.idxmin()].sort_values(key)
+    return validate_runs(df.reset_index(drop=True), "grid")
+
+
+def flops_check(ladder: pd.DataFrame, grid: pd.DataFrame) -> dict:
+    """compute_flops against our reading of their formula and against our accounting with causal attention."""
+    both = pd.concat([ladder, grid])
+    return {"max_their_formula_dev": float((both.their_formula_ratio - 1).abs().max()),
+            "our_causal_ratio_min": float(both.our_causal_ratio.min()), "our_causal_ratio_max": float(both.our_causal_ratio.max()),
+            "tol_their_formula": TOL_THEIRS, "tol_ours": TOL_OURS, "mlp_multiple": MLP_MULTIPLE}
+
+
+# ----------------------------------------------------------------------------- profiles and fits
+
+def _sse(res, df) -> float:
+    data = RunArrays.from_frame(df, chinchilla=res.phi is None)
+    return float(((law_loss(res.theta, data) - data.loss) ** 2).sum())
+
+
+def profile(df, name: str, values, fix=None, restarts=40, seed=0, chinchilla=None) -> pd.DataFrame:
+    """The fitter's objective with `name` held at each value and every other free parameter refitted."""
+    rows = []
+    for v in values:
+        res = fit(df, restarts=restarts, seed=seed, fix=dict(fix or {}, **{name: float(v)}), chinchilla=chinchilla)
+        rows.append({name: float(v), "huber": res.huber, "rmse": math.sqrt(_sse(res, df) / len(df)),
+                     "alpha": res.alpha, "beta": res.beta, "A": res.A, "E": res.E})
+    return pd.DataFrame(rows)
+
+
+def profile_interval(prof: pd.DataFrame, name: str, n: int, k: int, level: float = 0.95):
+    """Values whose residual sum of squares is within the F-test bound of the best (nonlinear least
+    squares; n runs, k free parameters): (lo, hi), NaN where the bound is not crossed inside the grid."""
+    sse = prof.rmse.to_numpy() ** 2 * n
+    limit = sse.min() * (1 + stats.f.ppf(level, 1, max(n - k, 1)) / max(n - k, 1))
+    x, inside = prof[name].to_numpy(), sse <= limit
+    i = np.flatnonzero(inside)
+    lo = float(x[i[0]]) if i[0] > 0 else float("nan")
+    hi = float(x[i[-1]]) if i[-1] < len(x) - 1 else float("nan")
+    return lo, hi
+
+
+def identification(ladder, s) -> dict:
+    """One ladder cannot separate size from data (N and D move together: D = k (N + embedding)), nor
+    φ from A (N_rec / N is nearly fixed along the loop ladder): two flat profiles, against a joint fit."""
+    tpp = ladder.assign(k=ladder.tokens / (ladder.n_once + ladder.n_rec + ladder.embedding),
+                        d_over_n=ladder.tokens / (ladder.n_once + ladder.n_rec))
+    ratio = tpp.groupby("arm").agg(k=("k", "mean"), k_sd=("k", "std"), d_over_n_min=("d_over_n", "min"),
+                                   d_over_n_max=("d_over_n", "max")).reset_index()
+    van, loop = ladder[ladder.arm == "vanilla"], ladder[ladder.arm == "loop_2"]
+    npts, rs = s["profile_points"], s["restarts"]
+    beta = profile(van, "beta", np.linspace(0.05, 1.5, npts), restarts=rs, chinchilla=True)
+    phi_loop = profile(loop, "phi", np.linspace(-1, 2, npts), restarts=rs)
+    joint = ladder[ladder.arm.isin(["loop_2", "untied_2"])]
+    phi_joint = profile(joint, "phi", np.linspace(-1, 2, npts), restarts=rs)
+    res = fit(joint, restarts=rs)
+    return {"tokens_per_param": ratio, "beta_profile_vanilla": beta, "phi_profile_loop2": phi_loop,
+            "phi_profile_loop2_untied2": phi_joint, "joint_loop2_untied2": res.to_dict()}
+
+
+# ----------------------------------------------------------------------------- matched-loss φ
+
+def _interp(x, xs, ys, method):
+    if method == "pchip":
+        return float(PchipInterpolator(xs, ys, extrapolate=True)(x))
+    if method == "quadratic":     # through the three nearest ladder points
+        i = np.argsort(np.abs(xs - x))[:3]
+        return float(np.polyval(np.polyfit(xs[i], ys[i], 2), x))
+    j = int(np.clip(np.searchsorted(xs, x) - 1, 0, len(xs) - 2))     # linear, extended at both ends
+    return float(ys[j] + (ys[j + 1] - ys[j]) * (x - xs[j]) / (xs[j + 1] - xs[j]))
+
+
+def matched_phi(loop_row, ref: pd.DataFrame, method="linear", data_scale=1.0, law=PAPER_LAW) -> dict:
+    """φ at which the loop run's N_once + 2^φ N_rec equals N*, the reference-ladder size of equal loss.
+    The loop's loss is first moved to the reference's tokens at N* with data_scale x the law's B D^-beta
+    (0: the ladder-equivalent φ as trained).  Loss and log D are interpolated in log N along the ladder."""
+    ref = ref.sort_values("n_once")
+    xs = np.log((ref.n_once + ref.n_rec).to_numpy(float))
+    ys, ds = ref.loss.to_numpy(float), np.log(ref.tokens.to_numpy(float))
+    B, beta = law.B * data_scale, law.beta
+
+    def gap(x):
+        d_ref = math.exp(_interp(x, xs, ds, "linear"))
+        return _interp(x, xs, ys, method) - loop_row.loss - B * (d_ref ** -beta - loop_row.tokens ** -beta)
+
+    grid = np.linspace(xs[0] - 1.0, xs[-1] + 1.0, 241)
+    g = np.array([gap(x) for x in grid])
+    cross = np.flatnonzero(np.sign(g[:-1]) != np.sign(g[1:]))
+    n_u = loop_row.n_once + loop_row.n_rec
+    if not len(cross):
+        return dict(n_star=float("nan"), phi=float("nan"), extrapolated=True, ratio=float("nan"))
+    i = cross[np.argmin(np.abs(grid[cross] - math.log(n_u)))]
+    x = brentq(gap, grid[i], grid[i + 1])
+    n_star = math.exp(x)
+    over = n_star - loop_row.n_once
+    phi = math.log(over / loop_row.n_rec, loop_row.r) if over > 0 else float("nan")
+    return dict(n_star=n_star, phi=phi, extrapolated=bool(x < xs[0] or x > xs[-1]), ratio=n_star / n_u)
+
+
+def _span(values) -> tuple[float, float]:
+    v = np.asarray(values, float)
+    v = v[np.isfinite(v)]
+    return (float(v.min()), float(v.max())) if len(v) else (float("nan"), float("nan"))
+
+
+def matched_table(ladder, references=REFERENCES) -> pd.DataFrame:
+    """Per (reference arm, depth): the ladder-equivalent φ as trained (no token correction), φ with the
+    paper's data term (linear interpolation: the central value), and the envelope over interpolation
+    (linear, PCHIP, local quadratic) x token correction (DATA_SCALES of the paper's data term)."""
+    rows = []
+    for ref_arm in references:
+        ref = ladder[ladder.arm == ref_arm]
+        for x in ladder[ladder.arm == "loop_2"].sort_values("depth").itertuples():
+            raw, mid = matched_phi(x, ref, "linear", 0.0), matched_phi(x, ref, "linear", 1.0)
+            lo, hi = _span([matched_phi(x, ref, m, sc)["phi"] for m in INTERP for sc in DATA_SCALES])
+            rows.append(dict(reference=ref_arm, depth=x.depth, loss=x.loss, phi_raw=raw["phi"], phi=mid["phi"],
+                             phi_lo=lo, phi_hi=hi, n_star=mid["n_star"],
+                             n_star_over_unique=mid["ratio"], extrapolated=mid["extrapolated"] or raw["extrapolated"]))
+    return pd.DataFrame(rows)
+
+
+def matched_summary(tab: pd.DataFrame, ladder) -> pd.DataFrame:
+    """Per reference: the median over interpolated depths of the central φ, of the raw φ and of the
+    envelope's ends; the depths' range; and the recipe gap (untied_2 - deep_vanilla: same N, D, FLOPs)."""
+    rows = []
+    for ref, t in tab.groupby("reference", sort=False):
+        t = t[~t.extrapolated]
+        rows.append(dict(reference=ref, n_depths=len(t), phi=float(t.phi.median()), phi_raw=float(t.phi_raw.median()),
+                         phi_lo=float(t.phi_lo.median()), phi_hi=float(t.phi_hi.median()),
+                         depth_min=float(t.phi.min()), depth_max=float(t.phi.max())))
+    gap = ladder[ladder.arm == "untied_2"].set_index("depth").loss - ladder[ladder.arm == "deep_vanilla"].set_index("depth").loss
+    out = pd.DataFrame(rows)
+    out.attrs["recipe_gap"] = gap
+    return out
+
+
+# ----------------------------------------------------------------------------- the data-constrained grid
+
+def pointwise_phi(best: pd.DataFrame, law) -> pd.DataFrame:
+    """φ of each looped grid run against its own depth's r = 1 run: the law's alpha and E, A_d set so the
+    law passes through the r = 1 run, then the φ that puts the looped run on the law (D is the same)."""
+    c = law.B * (GRID_STEPS * BATCH_TOKENS) ** -law.beta
+    rows = []
+    for d, t in best.groupby("depth"):
+        one = t[t.r == 1]
+        if one.empty:
+            continue
+        n1 = float(one.n_once.iloc[0])
+        a_d = (float(one.loss.iloc[0]) - law.E - c) * n1 ** law.alpha
+        for x in t[t.r > 1].itertuples():
+            excess = x.loss - law.E - c
+            n_eff = (excess / a_d) ** (-1 / law.alpha) if excess > 0 and a_d > 0 else float("nan")
+            over = n_eff - x.n_once
+            rows.append(dict(depth=d, r=x.r, loss=x.loss, gain=float(one.loss.iloc[0]) - x.loss, n_eff=n_eff,
+                             phi=math.log(over / x.n_rec, x.r) if over > 0 else float("nan")))
+    return pd.DataFrame(rows)
+
+
+def grid_matched(best: pd.DataFrame) -> pd.DataFrame:
+    """The matched-loss φ inside the grid, law-free: each looped run against the r = 1 runs of every
+    depth (all runs have the same tokens, so no token correction); envelope over the interpolations."""
+    ref = best[best.r == 1]
+    rows = []
+    for x in best[best.r > 1].itertuples():
+        mid = matched_phi(x, ref, "linear", 0.0)
+        lo, hi = _span([matched_phi(x, ref, m, 0.0)["phi"] for m in INTERP])
+        rows.append(dict(depth=x.depth, r=x.r, loss=x.loss, phi=mid["phi"], phi_lo=lo, phi_hi=hi, n_star=mid["n_star"], extrapolated=mid["extrapolated"]))
+    return pd.DataFrame(rows)
+
+
+def grid_analysis(best: pd.DataFrame, s, seed=0, all_runs=None) -> dict:
+    """Our law with D fixed (B, beta held at the paper's: with one D their term is a constant E absorbs):
+    pooled φ with bootstrap and profile intervals, per-depth φ (alpha, E from the pooled fit; A, φ free),
+    pointwise φ, and the same fit on subsets (r <= 4, the paper's r, one weight decay for all)."""
+    held = {"B": PAPER_LAW.B, "beta": PAPER_LAW.beta}
+    res = fit(best, restarts=s["restarts"], seed=seed, fix=held, bootstrap=s["bootstrap"], boot_restarts=s["boot_restarts"])
+    prof = profile(best, "phi", np.linspace(-0.25, 1.5, s["profile_points"]), fix=held, restarts=s["restarts"])
+    lo, hi = profile_interval(prof, "phi", len(best), 4)
+    pooled = dict(res.to_dict(), phi_profile_lo=lo, phi_profile_hi=hi, n_runs=len(best), rmse=math.sqrt(_sse(res, best) / len(best)))
+    per_depth = []
+    for d, t in best.groupby("depth"):
+        if (t.r == 1).sum() == 0 or len(t) < 3:
+            continue
+        fix = dict(held, alpha=res.alpha, E=res.E)
+        r_d = fit(t, restarts=s["restarts"], seed=seed, fix=fix)
+        p_d = profile(t, "phi", np.linspace(-0.5, 2.5, s["profile_points"]), fix=fix, restarts=max(8, s["restarts"] // 4))
+        lo_d, hi_d = profile_interval(p_d, "phi", len(t), 2)
+        per_depth.append(dict(depth=d, n_runs=len(t), max_r=int(t.r.max()), phi=r_d.phi, phi_lo=lo_d, phi_hi=hi_d))
+    subsets = {"r <= 4": best[best.r <= 4], "r in {1, 2, 4, 8}": best[best.r.isin([1, 2, 4, 8])]}
+    if all_runs is not None:
+        subsets["weight decay 0.8 for all"] = all_runs[all_runs.weight_decay == 0.8]
+    sub = []
+    for name, t in subsets.items():
+        r_s = fit(t.reset_index(drop=True), restarts=s["restarts"], seed=seed, fix=held)
+        sub.append(dict(subset=name, n_runs=len(t), phi=r_s.phi, alpha=r_s.alpha, rmse=math.sqrt(_sse(r_s, t) / len(t))))
+    table = best[["depth", "r", "weight_decay", "wd_at_edge", "n_wd", "loss", "n_once", "n_rec"]]
+    return {"fit": pooled, "profile": prof, "per_depth": pd.DataFrame(per_depth), "pointwise": pointwise_phi(best, res.law),
+            "matched": grid_matched(best),
+            "subsets": pd.DataFrame(sub), "best_weight_decay": table}
+
+
+# ----------------------------------------------------------------------------- all of it
+
+def run_all(folder=DATA, settings=None, seed=0) -> dict:
+    s = dict(FULL if settings is None else settings)
+    ladder, grid_all = ladder_runs(folder), grid_runs(folder, best=False)
+    best = grid_runs(folder)
+    tab = matched_table(ladder)
+    summ = matched_summary(tab, ladder)
+    return {"flops_check": flops_check(ladder, grid_all), "ladder": ladder, "identification": identification(ladder, s),
+            "matched": tab, "matched_summary": summ, "recipe_gap": summ.attrs["recipe_gap"].rename("gap").reset_index(),
+            "grid": grid_analysis(best, s, seed, all_runs=grid_all), "settings": s,
+            "paper": {"phi": PAPER_LAW.phi, "B": PAPER_LAW.B, "beta": PAPER_LAW.beta}}
+
+
+def read_results(path=RESULTS) -> dict:
+    """The committed results: tables as DataFrames (nested dicts kept), as `run_all` made them."""
+    raw = json.loads(Path(path).read_text())
+
+    def tables(x):
+        if isinstance(x, list) and x and isinstance(x[0], dict):
+            return pd.DataFrame(x)
+        if isinstance(x, dict):
+            return {k: tables(v) for k, v in x.items()}
+        return x
+    return tables(raw)
+
+
+def export(folder, out) -> list[Path]:
+    """The runs tables as CSV files `looped fit` reads: ladder_runs.csv and grid_runs.csv (best weight decay)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "ladder_runs.csv", out / "grid_runs.csv"]
+    ladder_runs(folder).to_csv(paths[0], index=False)
+    grid_runs(folder).to_csv(paths[1], index=False)
+    return paths
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="looped external", description="phi on the qlabs-eng/scaling-exponents runs.")
+    ap.add_argument("--data", default=str(DATA), help="folder of their CSV files")
+    ap.add_argument("--out", help="JSON file of the analysis to write")
+    ap.add_argument("--export", metavar="DIR", help="write the runs tables as CSV files for `looped fit`")
+    ap.add_argument("--quick", action="store_true", help="fewer restarts, resamples and profile points (CI)")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    if not (a.out or a.export):
+        ap.error("give --out and/or --export")
+    t0 = time.perf_counter()
+    try:
+        if a.export:
+            for p in export(a.data, a.export):
+                print(f"wrote {p}")
+        if a.out:
+            out = run_all(a.data, QUICK if a.quick else FULL, seed=a.seed)
+            out["settings"] = dict(out["settings"], quick=a.quick, seed=a.seed, data=repo_relative(a.data),
+                                   total_seconds=time.perf_counter() - t0)
+            atomic_write_json(a.out, json_ready(out), allow_nan=False)
+            print(f"wrote {a.out}")
+    except FitError as e:
+        print(f"looped external: error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
