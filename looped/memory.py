@@ -11,7 +11,10 @@ earlier micro-batches and the optimizer state are already allocated)::
 
 The bytes per token are a sum of named terms (`Coefficients`) calibrated against a FakeTensor +
 MemTracker measurement of the live model's forward and backward on the CPU under bf16
-autocast (the same cast policy as CUDA autocast for linear, bmm and attention)::
+autocast.  CPU and CUDA autocast cast different op lists (CUDA runs pow, exp, log, rsqrt... in
+fp32); `measure_peak(policy="cuda")` corrects the CPU policy op by op to CUDA's, probed on fake
+CUDA tensors, and for this model the two measurements agree (every op that meets a bf16 input
+casts alike: the MLP squares with a mul, not pow), so the coefficients hold for CUDA too::
 
     head  HEAD_BYTES_PER_LOGIT x padded vocab      (the fp32 softcap / cross-entropy tail)
     block block x d per block application with gradient, no_grad_block x d without
@@ -28,6 +31,7 @@ torch is imported inside the functions that measure, so a dry run's prediction n
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -220,14 +224,67 @@ def device_total_bytes(device=None) -> int | None:
 
 # ----------------------------------------------------------------------------- measurement
 
-def measure_peak(cfg: ModelConfig, rows: int, dtype="bf16", *, grads: bool = True) -> dict:
+def cuda_autocast_policy():
+    """A TorchFunctionMode that, inside CPU bf16 autocast, makes every torch call cast as CUDA
+    autocast would.  Each call's output dtype is probed on fake CPU and fake CUDA tensors (the
+    real autocast kernels; a CPU build cannot run a fake-CUDA backward, so per op); where they
+    differ, the floating inputs are cast to CUDA's dtype (recorded by autograd, as autocast's
+    casts are) and the op runs outside autocast.  `.changed` lists the ops it corrected."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import _disable_current_modes
+    from torch.utils._pytree import tree_flatten, tree_map
+
+    def probe(func, args, kwargs, device):
+        fake = lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device) \
+            if isinstance(t, torch.Tensor) else t
+        on = torch.is_autocast_enabled("cuda")
+        try:
+            with _disable_current_modes(), FakeTensorMode(), torch.no_grad():
+                torch.set_autocast_enabled("cuda", True)
+                torch.set_autocast_dtype("cuda", torch.bfloat16)
+                out = func(*tree_map(fake, args), **tree_map(fake, kwargs))
+            return out.dtype if isinstance(out, torch.Tensor) else None
+        except Exception:  # noqa: BLE001 - an op that cannot run on fresh fakes keeps CPU's policy
+            return None
+        finally:
+            torch.set_autocast_enabled("cuda", on)
+
+    class Policy(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.decided, self.changed = {}, set()
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            leaves = tree_flatten((args, kwargs))[0]
+            if not torch.is_autocast_enabled("cpu") or not any(
+                    isinstance(t, torch.Tensor) and t.is_floating_point() for t in leaves):
+                return func(*args, **kwargs)
+            key = (func, tuple(t.dtype if isinstance(t, torch.Tensor) else type(t) for t in leaves))
+            if key not in self.decided:
+                cpu, cuda = probe(func, args, kwargs, "cpu"), probe(func, args, kwargs, "cuda")
+                self.decided[key] = cuda if cpu and cuda and cpu != cuda and cuda.is_floating_point else None
+            want = self.decided[key]
+            if want is None:
+                return func(*args, **kwargs)
+            self.changed.add(getattr(func, "__name__", str(func)))
+            cast = lambda t: t.to(want) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+            with torch.autocast("cpu", enabled=False):
+                return func(*tree_map(cast, args), **tree_map(cast, kwargs))
+    return Policy()
+
+
+def measure_peak(cfg: ModelConfig, rows: int, dtype="bf16", *, grads: bool = True, policy: str = "cpu") -> dict:
     """Peak bytes of one eager forward+backward of the live model, measured without memory.
 
     The model and batch are FakeTensors (shapes and dtypes, no storage) on the CPU, the step
     runs under CPU bf16 autocast (or none for 'fp32'), and torch's MemTracker follows every
-    allocation.  With `grads` the gradients exist before the step, as in every micro-batch
-    after the first of a step.  Returns the peak total and its parts (parameters, gradients,
-    activations, temporaries) in bytes.
+    allocation.  `policy="cuda"` casts op by op as CUDA autocast would (`cuda_autocast_policy`;
+    the ops it changed are returned as `cuda_casts`).  With `grads` the gradients exist before
+    the step, as in every micro-batch after the first of a step.  Returns the peak total and its
+    parts (parameters, gradients, activations, temporaries) in bytes.
     """
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -236,6 +293,9 @@ def measure_peak(cfg: ModelConfig, rows: int, dtype="bf16", *, grads: bool = Tru
     from .model import LoopedGPT
 
     key = _dtype_key(dtype)
+    if policy not in ("cpu", "cuda"):
+        raise ValueError(f"unknown autocast policy {policy!r}; use 'cpu' or 'cuda'")
+    mode = cuda_autocast_policy() if policy == "cuda" else None
     with FakeTensorMode():
         model = LoopedGPT(cfg)
         if grads:
@@ -245,7 +305,7 @@ def measure_peak(cfg: ModelConfig, rows: int, dtype="bf16", *, grads: bool = Tru
         tracker = MemTracker()
         tracker.track_external(model)
         with tracker:
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=key == "bf16"):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=key == "bf16"), mode or contextlib.nullcontext():
                 loss = model(x[:, :-1], x[:, 1:])
             loss.backward()
         snap = tracker.get_tracker_snapshot("peak")
@@ -254,12 +314,13 @@ def measure_peak(cfg: ModelConfig, rows: int, dtype="bf16", *, grads: bool = Tru
         for k, v in per_device.items():
             name = k if isinstance(k, str) else k.value
             parts[name.lower()] = parts.get(name.lower(), 0) + int(v)
-    return {"rows": rows, "dtype": key, "peak_bytes": parts.pop("total"), "parts": parts}
+    return {"rows": rows, "dtype": key, "peak_bytes": parts.pop("total"), "parts": parts,
+            "cuda_casts": sorted(mode.changed) if mode else None}
 
 
-def measured_row_bytes(cfg: ModelConfig, dtype="bf16") -> tuple[float, float]:
+def measured_row_bytes(cfg: ModelConfig, dtype="bf16", policy: str = "cpu") -> tuple[float, float]:
     """(bytes per row, bytes at zero rows) from measurements at 1 and 2 rows."""
-    one, two = (measure_peak(cfg, b, dtype)["peak_bytes"] for b in (1, 2))
+    one, two = (measure_peak(cfg, b, dtype, policy=policy)["peak_bytes"] for b in (1, 2))
     return float(two - one), float(2 * one - two)
 
 

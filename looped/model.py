@@ -112,7 +112,10 @@ class MLP(nn.Module):
         self.c_proj = nn.Linear(4 * d, d, bias=False)
 
     def forward(self, x):
-        return self.c_proj(F.relu(self.c_fc(x)).square())
+        # ReLU^2 as h * h, not square(): square is pow, which CUDA autocast runs in fp32 (keeping an
+        # fp32 copy of the 4d-wide hidden for backward); mul is on no autocast list.  Same bits.
+        h = F.relu(self.c_fc(x))
+        return self.c_proj(h * h)
 
 
 class Block(nn.Module):
@@ -143,13 +146,15 @@ class HyperConnections(nn.Module):
         with torch.no_grad():
             self.alpha[torch.arange(r), torch.arange(r) % lanes] = 1.0
 
-    # Under autocast einsum returns bf16; casting back keeps the residual stream in one dtype
-    # for every injection mode (fp32), so modes differ in architecture, not in rounding.
+    # einsum is on autocast's lower-precision list: the K x K mix runs outside autocast so the
+    # lanes stay fp32, unrounded, like the linear injection's residual stream.
     def read(self, i, lanes):                      # lanes: (K, B, T, D)
-        return torch.einsum("k,kbtd->btd", self.alpha[i].to(lanes.dtype), lanes).to(lanes.dtype)
+        with torch.autocast(lanes.device.type, enabled=False):
+            return torch.einsum("k,kbtd->btd", self.alpha[i].to(lanes.dtype), lanes)
 
     def write(self, i, lanes, state):
-        mixed = torch.einsum("jk,kbtd->jbtd", self.mix[i].to(lanes.dtype), lanes).to(lanes.dtype)
+        with torch.autocast(lanes.device.type, enabled=False):
+            mixed = torch.einsum("jk,kbtd->jbtd", self.mix[i].to(lanes.dtype), lanes)
         return mixed + self.beta[i].to(lanes.dtype)[:, None, None, None] * state
 
 

@@ -125,3 +125,45 @@ def test_sequence_longer_than_context_is_rejected():
     cfg = model_config("tiny", r=2, s=4)
     with pytest.raises(ValueError, match="longer than seq_len"):
         LoopedGPT(cfg)(torch.zeros(1, cfg.seq_len + 1, dtype=torch.long))
+
+
+def test_relu_squared_is_bit_identical_to_square():
+    """The MLP squares with h * h (CUDA autocast would run pow in fp32): on the CPU, fp32 and
+    bf16 autocast, the loss and every gradient equal the square() form bit for bit."""
+    import torch.nn.functional as F
+
+    from looped.model import MLP
+
+    def loss_and_grads(square: bool, autocast: bool):
+        torch.manual_seed(0)
+        cfg = model_config("tiny", r=2, s=2)
+        m = LoopedGPT(cfg)
+        if square:
+            for mlp in (mod for mod in m.modules() if isinstance(mod, MLP)):
+                mlp.forward = lambda x, mlp=mlp: mlp.c_proj(F.relu(mlp.c_fc(x)).square())
+        x = torch.randint(0, cfg.vocab_size, (4, cfg.seq_len + 1), generator=torch.Generator().manual_seed(1))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = m(x[:, :-1], x[:, 1:])
+        loss.backward()
+        return [loss.detach(), *(p.grad for p in m.parameters())]
+
+    for autocast in (False, True):
+        new, old = loss_and_grads(False, autocast), loss_and_grads(True, autocast)
+        assert all(torch.equal(a, b) for a, b in zip(new, old, strict=True)), autocast
+
+
+def test_hyperconnection_lanes_stay_fp32_under_autocast():
+    """The lane mix runs outside autocast: under bf16 autocast read and write give the fp32
+    result exactly, not the bf16-rounded einsum's."""
+    from looped.model import HyperConnections
+    torch.manual_seed(0)
+    hc = HyperConnections(r=4, lanes=2)
+    with torch.no_grad():
+        for p in hc.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+        lanes, state = torch.randn(2, 2, 8, 16), torch.randn(2, 8, 16)
+        ref = hc.read(1, lanes), hc.write(1, lanes, state)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = hc.read(1, lanes), hc.write(1, lanes, state)
+    for a, b in zip(got, ref):
+        assert a.dtype == torch.float32 and torch.equal(a, b)
