@@ -11,7 +11,24 @@ import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent  # the checkout: runs/, data/, book/ live here
+PACKAGE = Path(__file__).resolve().parent
+
+
+def _checkout(root: Path) -> Path | None:
+    """`root` if it is a looped checkout (the package imported from the source tree), else None."""
+    return root if (root / "pyproject.toml").is_file() and (root / "runs").is_dir() else None
+
+
+CHECKOUT = _checkout(PACKAGE.parent)  # None for an installed wheel
+# Where runs/ (records), data/ (datasets) and slurm/ (scripts) go: the checkout; installed from a
+# wheel, the current folder (the folder `looped` was started in).
+REPO = CHECKOUT or Path.cwd()
+
+
+def shipped(relative: str) -> Path:
+    """A file the package ships (study grids, the paper's tables), by its path in the checkout,
+    e.g. ``runs/gpu_grids.csv``: the checkout's copy, else the wheel's (``looped/runs/...``)."""
+    return (CHECKOUT or PACKAGE) / relative
 
 
 def repo_relative(path) -> str:
@@ -136,6 +153,18 @@ def width(preset: Preset | str, s: float) -> int:
     if s <= 0:
         raise ConfigError(f"size s must be positive, got {s}")
     return int(math.ceil(p.width_per_s * s / p.width_round) * p.width_round)
+
+
+def size_note(preset: Preset | str, s: float) -> str | None:
+    """None where size `s` gives its width exactly; else a sentence saying which width it gets
+    (d = width_per_s * s rounded up to a multiple of width_round), for a warning: a run keeps s in
+    its record and name, with the rounded model's d_model and parameter counts."""
+    p = get_preset(preset)
+    d = width(p, s)
+    if d == p.width_per_s * s:
+        return None
+    return (f"size {s:g} gives d_model {d} on preset {p.name} (d = {p.width_per_s} s rounded up to a multiple "
+            f"of {p.width_round}; sizes that need no rounding: multiples of {p.width_round / p.width_per_s:g})")
 
 
 def get_preset(preset: Preset | str) -> Preset:

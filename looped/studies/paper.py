@@ -25,14 +25,14 @@ import pandas as pd
 from scipy.optimize import brentq
 
 from .. import accounting as acc
-from ..config import REPO
+from ..config import shipped
 from ..law import Law, config_at_width, predict
 from .registry import GRID_FILES, load_study
 
 if TYPE_CHECKING:
     import pandas as pd
 
-PAPER_DIR = REPO / "runs" / "paper"
+PAPER_DIR = shipped("runs/paper")   # the checkout's runs/paper, or the wheel's copy
 PAPER_BUDGETS = (4.64e17, 1e18, 2.15e18, 4.64e18, 1e19, 2.15e19)   # training budgets (FLOPs) of its main grid
 
 
@@ -62,13 +62,19 @@ def paper_fits() -> "pd.DataFrame":
 def paper_grid(study: str = "main", grids=None, batch_tokens: int = 262_144) -> "pd.DataFrame":
     """The paper's run grid (``grids.csv``, via `looped.studies.registry.load_study`) with the
     accounting's n_once, n_rec and tokens."""
+    runs = load_study(study, GRID_FILES["paper"] if grids is None else grids, preset="paper")
+    return design_of(runs, batch_tokens).assign(study=study)
 
+
+def design_of(runs, batch_tokens: int | None = None) -> "pd.DataFrame":
+    """Runs (`registry.Run`) as the design a fit would see: budget, r, s, injection, bptt_k and the
+    accounting's n_once, n_rec and tokens (at each run's tokens per step unless `batch_tokens`)."""
     rows = []
-    for run in load_study(study, GRID_FILES["paper"] if grids is None else grids, preset="paper"):
+    for run in runs:
         cfg = run.model_config()
-        rows.append(dict(study=study, budget=run.budget, r=run.r, s=run.s, injection=cfg.injection,
-                         bptt_k=cfg.k_bwd, n_once=acc.n_once(cfg), n_rec=acc.n_rec(cfg),
-                         tokens=acc.tokens_for_budget(cfg, run.budget, batch_tokens)))
+        rows.append(dict(budget=run.budget, r=run.r, s=run.s, injection=cfg.injection, bptt_k=cfg.k_bwd,
+                         n_once=acc.n_once(cfg), n_rec=acc.n_rec(cfg),
+                         tokens=acc.tokens_for_budget(cfg, run.budget, batch_tokens or run.tokens_per_step)))
     return pd.DataFrame(rows)
 
 
