@@ -12,11 +12,11 @@ from pathlib import Path
 import pandas as pd
 
 from ..accounting import steps_for_budget
-from ..config import DEFAULT_SEED, REPO, get_preset, model_config, run_name
+from ..config import DEFAULT_SEED, get_preset, model_config, run_name, shipped
 from ..options import TrainConfig
 
-GRID_FILES = {"paper": REPO / "runs" / "paper" / "grids.csv", "cpu": REPO / "runs" / "cpu_grids.csv",
-              "gpu": REPO / "runs" / "gpu_grids.csv", "prose": REPO / "runs" / "prose_grids.csv"}
+GRID_FILES = {"paper": shipped("runs/paper/grids.csv"), "cpu": shipped("runs/cpu_grids.csv"),
+              "gpu": shipped("runs/gpu_grids.csv"), "prose": shipped("runs/prose_grids.csv")}
 # study name -> (grid file key, study column value, preset)
 STUDIES = {
     "paper-main": ("paper", "main", "paper"),
@@ -140,23 +140,43 @@ def load_study(name: str, grid: str | Path | None = None, preset: str | None = N
     rows = table[table.study == column_value]
     if rows.empty:
         raise SweepError(f"grid {grid} has no rows with study {column_value!r}")
-    runs = []
+    runs, lines = [], {}
     for row in rows.itertuples():
+        line = row.Index + 2  # the file's line: the header is line 1
+
+        def num(col, kind=float, low=None, optional=True):
+            value = getattr(row, col, None)
+            if optional and (value is None or (isinstance(value, float) and value != value)):
+                return None
+            try:
+                x = float(value)
+            except (TypeError, ValueError):
+                raise SweepError(f"grid {grid}, line {line}: {col} {value!r} is not a number") from None
+            if x != x or x in (float("inf"), float("-inf")):
+                raise SweepError(f"grid {grid}, line {line}: {col} {value!r} is not a finite number")
+            if kind is int and x != int(x):
+                raise SweepError(f"grid {grid}, line {line}: {col} {value!r} is not a whole number")
+            if low is not None and x < low or col in ("budget_flops", "s", "lr_scale") and x <= 0:
+                raise SweepError(f"grid {grid}, line {line}: {col} {value!r} must be "
+                                 + (f">= {low}" if low is not None else "positive"))
+            return kind(x)
+
+        if not isinstance(row.injection, str):
+            raise SweepError(f"grid {grid}, line {line}: injection {row.injection!r} is not a name")
         injection, lanes = parse_injection(row.injection)
-        k = int(row.bptt_k)
-        extra = {}
-        if "lr_scale" in table.columns and pd.notna(row.lr_scale):
-            extra["lr_scale"] = float(row.lr_scale)
-        if "seed" in table.columns and pd.notna(row.seed):
-            extra["seed"] = int(row.seed)
-        if "batch_tokens" in table.columns and pd.notna(row.batch_tokens):
-            extra["batch_tokens"] = int(row.batch_tokens)
-        if "data_order" in table.columns and pd.notna(row.data_order):
-            extra["data_order"] = int(row.data_order)
-        if "match_tokens" in table.columns and pd.notna(row.match_tokens):
-            extra["match_tokens"] = bool(int(row.match_tokens))
-        runs.append(Run(name, preset, float(row.budget_flops), int(row.r), float(row.s), injection, lanes,
-                        None if k >= row.r else k, **extra))
+        r_, k = num("r", int, 1, False), num("bptt_k", int, 1, False)
+        extra = {key: value for key, value in (
+            ("lr_scale", num("lr_scale")), ("seed", num("seed", int, 0)), ("batch_tokens", num("batch_tokens", int, 1)),
+            ("data_order", num("data_order", int, 0)), ("match_tokens", num("match_tokens", int, 0)))
+            if value is not None}
+        if "match_tokens" in extra:
+            extra["match_tokens"] = bool(extra["match_tokens"])
+        run = Run(name, preset, num("budget_flops", float, None, False), r_, num("s", float, None, False), injection,
+                  lanes, None if k >= r_ else k, **extra)
+        if run in lines:
+            raise SweepError(f"grid {grid}, lines {lines[run]} and {line} are the same run")
+        lines[run] = line
+        runs.append(run)
     # Records are keyed by run_id (budget to 3 significant digits): two different rows with one
     # id would silently share a record, the second skipped as done.  This also validates every
     # row's architecture (ConfigError) before anything runs.
