@@ -8,11 +8,12 @@ published tables.
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import sys
 from dataclasses import replace
 
-from .config import ConfigError, ModelConfig, get_preset, model_config
+from .config import ConfigError, ModelConfig, get_preset, model_config, size_note
+from .io import add_json_option, destination_error, write_json
 
 
 def block_params(d: int) -> int:
@@ -148,28 +149,46 @@ def summary(cfg: ModelConfig, budget: float | None = None, batch_tokens: int | N
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="looped accounting",
                                  description="Parameter and FLOPs accounting of one configuration.")
-    ap.add_argument("--preset", default="paper")
-    ap.add_argument("--r", type=int, default=1)
-    ap.add_argument("--size", "-s", type=float, default=10, help="width knob s (paper: d = 64 s)")
-    ap.add_argument("--injection", default=None, help="none|linear|additive|passthrough|hyperconnect")
-    ap.add_argument("--lanes", type=int, default=2)
-    ap.add_argument("--bptt-k", type=int, default=None)
-    ap.add_argument("--seq-len", type=int, default=None)
-    ap.add_argument("--budget", type=float, default=None, help="training FLOPs budget C")
-    ap.add_argument("--batch-tokens", type=int, default=None)
-    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--preset", default="paper", help="model preset: paper, prose, cpu or tiny (default: paper)")
+    ap.add_argument("--r", type=int, default=1, help="recurrences per forward pass; r divides the loop depth "
+                                                     "(default: 1)")
+    ap.add_argument("--size", "-s", type=float, default=10, help="width knob s (paper: d = 64 s; default: 10)")
+    ap.add_argument("--injection", default=None, help="none, linear, additive, passthrough or hyperconnect "
+                                                      "(default: none for r = 1, else linear)")
+    ap.add_argument("--lanes", type=int, default=2, help="hyperconnection lanes (default: 2)")
+    ap.add_argument("--bptt-k", type=int, default=None, help="backpropagate through the last k recurrences only "
+                                                              "(default: all r)")
+    ap.add_argument("--seq-len", type=int, default=None, help="sequence length (default: the preset's)")
+    ap.add_argument("--budget", type=float, default=None, help="training FLOPs budget C: adds steps and tokens")
+    ap.add_argument("--batch-tokens", type=int, default=None, help="tokens per optimizer step (default: the "
+                                                                   "preset's)")
+    add_json_option(ap, "the figures")
     a = ap.parse_args(argv)
     try:
-        extra = {"seq_len": a.seq_len} if a.seq_len else {}
+        for flag, value, low in (("--seq-len", a.seq_len, 1), ("--batch-tokens", a.batch_tokens, 1)):
+            if value is not None and value < low:
+                raise ConfigError(f"{flag} must be >= {low}, got {value}")
+        if a.budget is not None and not (math.isfinite(a.budget) and a.budget > 0):
+            raise ConfigError(f"--budget must be a finite number > 0, got {a.budget:g}")
+        error = destination_error(a.json, "--json")
+        if error:
+            raise ConfigError(error)
+        extra = {"seq_len": a.seq_len} if a.seq_len is not None else {}
         cfg = model_config(a.preset, r=a.r, s=a.size, injection=a.injection, lanes=a.lanes,
                            bptt_k=a.bptt_k, **extra)
+        if a.batch_tokens is not None and a.batch_tokens % cfg.seq_len:
+            raise ConfigError(f"--batch-tokens {a.batch_tokens} must be a multiple of the sequence length "
+                              f"{cfg.seq_len}")
         out = summary(cfg, a.budget, a.batch_tokens)
     except ConfigError as e:
         print(f"looped accounting: error: {e}", file=sys.stderr)
         return 2
-    if a.json:
-        print(json.dumps(out))
-    else:
+    note = size_note(cfg.preset, cfg.s)
+    if note:
+        print(f"looped accounting: warning: {note}", file=sys.stderr)
+    if a.json is not None:
+        write_json(a.json, out)
+    if a.json != "-":
         for k, v in out.items():
             print(f"{k:>16}  {v:,}" if isinstance(v, int) and not isinstance(v, bool) else f"{k:>16}  {v}")
     return 0

@@ -10,10 +10,12 @@ Free of torch, so that `looped sweep` sets up CUDA's allocator before torch is i
 from __future__ import annotations
 
 import argparse
+import math
+import sys
 import typing
 from dataclasses import dataclass, field, fields
 
-from .config import DEFAULT_SEED, ConfigError, model_config, run_name
+from .config import DEFAULT_SEED, ConfigError, get_preset, model_config, run_name, size_note
 
 
 class TrainError(RuntimeError):
@@ -65,13 +67,35 @@ class TrainConfig:
                                             "a measured matmul)", "sweep")
     stop_after: int | None = option(None, "stop (as if killed) after this many steps: for tests", None)
 
-    def __post_init__(self):  # what can be checked before anything is built
-        if min(self.checkpoint_every or 0, self.checkpoint_seconds or 0) < 0:
-            raise ConfigError("checkpoint_every and checkpoint_seconds must be >= 0")
+    def __post_init__(self):
+        """What can be checked before anything is built: every bad value is a ConfigError (one
+        line, exit 2 on the command line), never a default put in its place."""
+        get_preset(self.preset)
+        by_name = {f.name: f for f in fields(self)}
+        for name, low, strict in LIMITS:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            flag = flags(by_name[name])[0]
+            if not (isinstance(value, (int, float)) and math.isfinite(value)):
+                raise ConfigError(f"{flag} must be a finite number, got {value!r}")
+            if value < low or strict and value == low:
+                raise ConfigError(f"{flag} must be {'>' if strict else '>='} {low:g}, got {value:g}")
+        note = size_note(self.preset, self.s)
+        if note:  # not silently: the record keeps s, with the d_model it trained
+            print(f"looped: warning: {note}; the record keeps s {self.s:g} with that d_model", file=sys.stderr)
 
     def model_config(self):
         return model_config(self.preset, r=self.r, s=self.s, injection=self.injection,
                             lanes=self.lanes, bptt_k=self.bptt_k)
+
+
+# (field, lowest value, whether the lowest value itself is refused): the numeric options' ranges
+LIMITS = (("r", 1, False), ("s", 0, True), ("lanes", 1, False), ("bptt_k", 1, False), ("budget", 0, True),
+          ("steps", 1, False), ("batch_tokens", 1, False), ("seed", 0, False),
+          ("data_order", 0, False), ("lr_scale", 0, True), ("checkpoint_every", 0, False),
+          ("checkpoint_seconds", 0, False), ("eval_tokens", 1, False), ("log_every", 1, False),
+          ("peak_flops", 0, True), ("stop_after", 1, False))
 
 
 def run_id(tc: TrainConfig) -> str:
