@@ -4,13 +4,12 @@
 
 `fit` minimises the paper's objective (`looped.solver.objective_reference`) from random starts in
 the paper's box, and adds block-bootstrap intervals over (budget, r) cells; `load_runs` reads a
-runs table (a CSV or a folder of run records); `main` is the `looped fit` command.  A fit is a
+runs table (a CSV or a folder of run records); the `looped fit` command is `looped.fit_cli`.  A fit is a
 deterministic function of its runs, its arguments and this code, so with ``$LOOPED_FIT_CACHE`` set
 a repeated identical fit is read back instead of solved again.  Torch-free: imports in milliseconds.
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
@@ -40,18 +39,31 @@ FIX_KEYS = {"A": 0, "a": 0, "alpha": 1, "B": 2, "b": 2, "beta": 3, "E": 4, "e": 
 BOOT_CHUNK = 6_000_000   # bootstrap: resamples solved together, at most this many (restart x run) weights
 
 
+class SkippedRecords(UserWarning):
+    """Files of a folder that `load_runs` left out, and why (`looped fit` prints them on stderr)."""
+
+
 def _records_from_dir(path: Path) -> list[dict]:
     """The run records in a folder and its subfolders as flat rows (`looped.records.flat_record`);
-    JSON files without any run column (a manifest, a config) are left out."""
-    rows = []
+    an unreadable or torn file is skipped with a warning (SkippedRecords) each, and JSON files
+    without any run column (a manifest, a config) with one warning naming them."""
+    rows, other = [], []
     for p, rec in records.iter_records(path, recursive=True):
+        name = str(p.relative_to(path))
         if rec is None:
-            warnings.warn(f"skipping {p.name}: not a JSON run record", stacklevel=3)
+            warnings.warn(f"skipping {name}: not a JSON run record (unreadable, torn or not JSON)", SkippedRecords,
+                          stacklevel=3)
             continue
         flat = records.flat_record(rec) if isinstance(rec, dict) else {}
         if any(k in flat for k in REQUIRED):
             flat.setdefault("file", p.name)
             rows.append(flat)
+        else:
+            other.append(name)
+    if other:
+        shown = ", ".join(other[:5]) + (f" and {len(other) - 5} more" if len(other) > 5 else "")
+        warnings.warn(f"ignoring {len(other)} JSON file(s) with none of the columns {', '.join(REQUIRED)}: {shown}",
+                      SkippedRecords, stacklevel=3)
     return rows
 
 
@@ -87,6 +99,13 @@ def load_runs(path) -> "pd.DataFrame":
     return validate_runs(df, str(p))
 
 
+def _row(df, i: int, where: str) -> str:
+    """Where the i-th run of a table came from, for an error: its record file, else its data row (1-based)."""
+    if "file" in df.columns and isinstance(df["file"].iloc[i], str):
+        return f"{where}: {df['file'].iloc[i]}"
+    return f"{where}: data row {i + 1}"
+
+
 def validate_runs(df, where: str = "runs"):
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
@@ -108,13 +127,13 @@ def validate_runs(df, where: str = "runs"):
         nonfinite = ~np.isfinite(vals.to_numpy(dtype=float))
         if nonfinite.any():
             i = int(np.flatnonzero(nonfinite)[0])
-            raise FitError(f"{where}: column {c} has a missing or non-finite value ({df[c].iloc[i]!r}, row {i})")
+            raise FitError(f"{_row(df, i, where)}: {c} is missing or not a finite number ({df[c].iloc[i]})")
         v = vals.to_numpy(dtype=float)
         low = (v < 0) if c == "n_rec" else (v < 1) if c == "r" else (v <= 0)
         if low.any():
             i = int(np.flatnonzero(low)[0])
-            what = "negative" if c == "n_rec" else "below 1" if c == "r" else "non-positive"
-            raise FitError(f"{where}: column {c} has a {what} value ({v[i]:g}, row {i})")
+            what = "negative" if c == "n_rec" else "below 1" if c == "r" else "not positive"
+            raise FitError(f"{_row(df, i, where)}: {c} is {what} ({v[i]:g})")
         df[c] = v
     if len(df) == 0:
         raise FitError(f"{where}: no runs to fit")
@@ -364,60 +383,3 @@ def format_result(res: FitResult) -> str:
         lines.append(f"  per-r Chinchilla r={r}: A={sub.A:.4g} alpha={sub.alpha:.4g} B={sub.B:.4g} "
                      f"beta={sub.beta:.4g} E={sub.E:.4g} R^2={sub.r2:.4f} Huber={sub.huber:.3e}")
     return "\n".join(lines)
-
-
-def _parse_fix_args(items) -> dict:
-    out = {}
-    for it in items or []:
-        for part in it.split(","):
-            if "=" not in part:
-                raise FitError(f"--fix expects NAME=VALUE, got {part!r}")
-            k, v = part.split("=", 1)
-            out[k.strip()] = v.strip()
-    return out
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2 (argparse's own convention)
-        raise FitError(message)
-
-
-def main(argv=None) -> int:
-    """`looped fit PATH [--restarts 500] [--seed 0] [--fix phi=0.5 ...] [--bootstrap B] [--per-r]
-    [--json OUT] [--study NAME]`."""
-    ap = _Parser(prog="looped fit", description="Fit the joint scaling law (phi) to a runs table.")
-    ap.add_argument("path", help="runs CSV or a directory of run-record JSON files")
-    ap.add_argument("--restarts", type=int, default=500)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--fix", action="append", default=[], metavar="NAME=VALUE",
-                    help="hold a parameter fixed (A, alpha, B, beta, E, phi); repeatable")
-    ap.add_argument("--bootstrap", type=int, default=0, metavar="B", help="block-bootstrap resamples")
-    ap.add_argument("--boot-restarts", type=int, default=-1,
-                    help="-1 (default): --restarts random restarts per resample (the paper's protocol); "
-                         "k >= 0: warm starts at the full fit's minima plus k random restarts")
-    ap.add_argument("--per-r", action="store_true", help="also fit a Chinchilla law per r")
-    ap.add_argument("--json", metavar="OUT", help="write the result as JSON")
-    ap.add_argument("--study", help="only runs of this study")
-    try:
-        a = ap.parse_args(argv)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")   # validate_runs already printed them to stderr
-            df = load_runs(a.path)
-            if a.study is not None:
-                if "study" not in df.columns:
-                    raise FitError(f"--study {a.study}: the runs have no study column")
-                df = df[df["study"].astype(str) == a.study].reset_index(drop=True)
-                if not len(df):
-                    raise FitError(f"--study {a.study}: no runs of that study")
-            res = fit(df, restarts=a.restarts, seed=a.seed, fix=_parse_fix_args(a.fix), bootstrap=a.bootstrap,
-                      boot_restarts=None if a.boot_restarts < 0 else a.boot_restarts, per_r=a.per_r)
-        print(format_result(res))
-        if a.json:
-            try:
-                Path(a.json).write_text(json.dumps(res.to_dict(), indent=2) + "\n")
-            except OSError as e:
-                raise FitError(f"cannot write {a.json}: {e.strerror or e}") from None
-    except FitError as e:
-        print(f"looped fit: error: {str(e).splitlines()[0] if str(e) else 'bad input'}", file=sys.stderr)
-        return 2
-    return 0

@@ -5,6 +5,7 @@ import dataclasses
 import json
 import math
 import os
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -53,3 +54,38 @@ def json_ready(x):
     if isinstance(x, (float, np.floating)):
         return float(x) if math.isfinite(x) else None
     return x
+
+
+# ------------------------------------------------------------- the `--json [PATH|-]` convention
+
+def add_json_option(ap, what: str) -> None:
+    """The one `--json` option every command that writes JSON takes: `--json PATH` writes a file,
+    `--json -` or a bare `--json` prints it on stdout (which then holds the JSON alone; a readable
+    table, if the command prints one, goes to stderr)."""
+    ap.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
+                    help=f"write {what} as JSON to PATH; with '-' or no PATH, print it on stdout instead of the "
+                         "readable output (which goes to stderr)")
+
+
+def destination_error(path, option: str) -> str | None:
+    """Why `path` cannot be written (for a one-line error before any long work), or None.
+    '-' (stdout) is always fine; a missing folder is refused, not created."""
+    if path is None or str(path) == "-":
+        return None
+    path = Path(path)
+    if path.is_dir():
+        return f"{option} {path}: is a folder, not a file"
+    if not path.parent.is_dir():
+        return f"{option} {path}: folder {path.parent} does not exist"
+    if not os.access(path.parent, os.W_OK):
+        return f"{option} {path}: folder {path.parent} is not writable"
+    return None
+
+
+def write_json(dest, obj) -> None:
+    """`obj` (through json_ready) to stdout for '-' (one line, as `looped train` prints its record),
+    else atomically to the file `dest`."""
+    if str(dest) == "-":
+        sys.stdout.write(json.dumps(json_ready(obj)) + "\n")
+    else:
+        atomic_write_json(dest, json_ready(obj))

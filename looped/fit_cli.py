@@ -1,0 +1,150 @@
+"""`looped fit`: the command line of `looped.fit`.
+
+It fits what it is given and says so: files of a folder it left out (and why) go to stderr, a
+table with the same run twice or with several studies is refused unless asked for, and a fixed
+value outside the fitting box is refused (the solver would clamp it).  Every refusal is one line
+``looped fit: error: ...`` and exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import warnings
+
+from .fit import FIX_KEYS, REQUIRED, SkippedRecords, _parse_fix, at_bounds, fit, format_result, load_runs
+from .io import add_json_option, destination_error, write_json
+from .law import FitError
+from .solver import HI, LAW_PARAMS, LO
+
+
+def parse_fix_args(items) -> dict:
+    """['phi=0.5', 'E=1.7,alpha=0.3'] -> {'phi': '0.5', 'E': '1.7', 'alpha': '0.3'}."""
+    out = {}
+    for it in items or []:
+        for part in it.split(","):
+            if "=" not in part:
+                raise FitError(f"--fix expects NAME=VALUE, got {part!r}")
+            k, v = part.split("=", 1)
+            out[k.strip()] = v.strip()
+    return out
+
+
+def check_fix(fix: dict) -> None:
+    """FitError for a fixed value outside the box the fit searches (the solver would clamp it
+    to the edge and the table would still call it fixed)."""
+    for name, value in fix.items():
+        ((i, theta),) = _parse_fix({name: value}).items()
+        if not LO[i] <= theta <= HI[i]:
+            lo, hi = (math.exp(LO[i]), math.exp(HI[i])) if LAW_PARAMS[i] in ("A", "B", "E") else (LO[i], HI[i])
+            raise FitError(f"--fix {name}={fix[name]} lies outside the fitting box: {LAW_PARAMS[i]} in [{lo:.4g}, "
+                           f"{hi:.4g}]")
+
+
+def duplicate_runs(df) -> str | None:
+    """Why a runs table holds the same run more than once (one run_id twice in a study, or two
+    identical rows), or None."""
+    if "run_id" in df.columns and df["run_id"].notna().any():
+        key = [c for c in ("study", "run_id") if c in df.columns]
+        dup = df[df.duplicated(key, keep=False) & df["run_id"].notna()]
+        if len(dup):
+            first = dup[dup["run_id"] == dup["run_id"].iloc[0]]
+            where = f" (in {', '.join(map(str, first['file']))})" if "file" in df.columns else ""
+            return f"run {first['run_id'].iloc[0]} appears {len(first)} times{where}"
+    cols = [c for c in (*REQUIRED, "budget", "s", "seed") if c in df.columns]
+    dup = df.duplicated(cols, keep=False)
+    if dup.any():
+        rows = [i + 1 for i in dup.to_numpy().nonzero()[0][:2]]
+        return f"data rows {rows[0]} and {rows[1]} are the same run ({', '.join(cols)} all equal)"
+    return None
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = _Parser(prog="looped fit", description="Fit the joint scaling law (phi) to a runs table.")
+    ap.add_argument("path", help="runs CSV (columns r, n_once, n_rec, tokens, loss; optional budget, s, study, "
+                                 "status, run_id) or a folder of run-record JSON files")
+    ap.add_argument("--restarts", type=int, default=500, help="random starts in the fitting box (default: 500, "
+                                                              "the paper's)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the starts and the bootstrap (default: 0)")
+    ap.add_argument("--fix", action="append", default=[], metavar="NAME=VALUE",
+                    help="hold a parameter fixed (A, alpha, B, beta, E, phi) at a value inside the fitting box; "
+                         "repeatable")
+    ap.add_argument("--bootstrap", type=int, default=0, metavar="B",
+                    help="block-bootstrap resamples over (budget, r) cells (default: 0, none)")
+    ap.add_argument("--boot-restarts", type=int, default=-1,
+                    help="-1 (default): --restarts random restarts per resample (the paper's protocol); "
+                         "k >= 0: warm starts at the full fit's minima plus k random restarts")
+    ap.add_argument("--per-r", action="store_true", help="also fit a Chinchilla law per r")
+    add_json_option(ap, "the fit")
+    ap.add_argument("--study", help="only the runs of this study (the table's study column)")
+    ap.add_argument("--mixed-studies", action="store_true",
+                    help="fit the runs of several studies as one law (refused without it)")
+    ap.add_argument("--allow-duplicates", action="store_true",
+                    help="keep a run that appears more than once (counted once per appearance; refused without it)")
+    return ap
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2 (argparse's own convention)
+        raise FitError(message)
+
+
+def _runs(a):
+    """The table to fit, after what the options allow: skipped files said on stderr."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", SkippedRecords)
+        df = load_runs(a.path)     # validate_runs says itself on stderr which non-ok runs it skips
+    for w in caught:
+        if issubclass(w.category, SkippedRecords):
+            print(f"looped fit: warning: {w.message}", file=sys.stderr)
+    if a.study is not None:
+        if "study" not in df.columns:
+            raise FitError(f"--study {a.study}: the runs have no study column")
+        df = df[df["study"].astype(str) == a.study].reset_index(drop=True)
+        if not len(df):
+            raise FitError(f"--study {a.study}: no runs of that study")
+    elif "study" in df.columns and df["study"].nunique() > 1 and not a.mixed_studies:
+        counts = df["study"].astype(str).value_counts().sort_index()
+        raise FitError(f"the runs belong to {len(counts)} studies ({', '.join(f'{k} {v}' for k, v in counts.items())}):"
+                       " pass --study NAME to fit one, or --mixed-studies to fit them as one law")
+    why = duplicate_runs(df)
+    if why and not a.allow_duplicates:
+        raise FitError(f"{why}: a run counted twice weighs double; remove it, or pass --allow-duplicates")
+    return df
+
+
+def main(argv=None) -> int:
+    """`looped fit PATH [--restarts 500] [--seed 0] [--fix phi=0.5 ...] [--bootstrap B] [--per-r]
+    [--json [PATH|-]] [--study NAME] [--mixed-studies] [--allow-duplicates]`."""
+    try:
+        a = _parser().parse_args(argv)
+        for flag, value, low in (("--restarts", a.restarts, 1), ("--seed", a.seed, 0),
+                                 ("--bootstrap", a.bootstrap, 0), ("--boot-restarts", a.boot_restarts, -1)):
+            if value < low:
+                raise FitError(f"{flag} must be >= {low}, got {value}")
+        fix = parse_fix_args(a.fix)
+        check_fix(fix)
+        error = destination_error(a.json, "--json")
+        if error:
+            raise FitError(error)
+        df = _runs(a)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # validate_runs already printed them to stderr
+            res = fit(df, restarts=a.restarts, seed=a.seed, fix=fix, bootstrap=a.bootstrap,
+                      boot_restarts=None if a.boot_restarts < 0 else a.boot_restarts, per_r=a.per_r)
+    except FitError as e:
+        print(f"looped fit: error: {str(e).splitlines()[0] if str(e) else 'bad input'}", file=sys.stderr)
+        return 2
+    print(format_result(res), file=sys.stderr if a.json == "-" else sys.stdout)
+    for name in at_bounds(res):
+        print(f"looped fit: warning: {name} ended on the edge of the fitting box: a bound, not an estimate",
+              file=sys.stderr)
+    if a.bootstrap and "budget" not in df.columns:
+        print("looped fit: warning: no budget column: the bootstrap resampled runs, not (budget, r) cells",
+              file=sys.stderr)
+    if a.json is not None:
+        write_json(a.json, res.to_dict())
+    return 0
+
+
+__all__ = ["FIX_KEYS", "check_fix", "duplicate_runs", "main", "parse_fix_args"]
