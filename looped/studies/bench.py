@@ -8,16 +8,16 @@ torch is imported inside the training benchmarks only, so `bench fit` starts wit
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
 from .. import accounting
 from ..config import ConfigError, get_preset, model_config
 from ..fit import bootstrap_weights, fit
-from ..io import atomic_write_json
+from ..io import add_json_option, destination_error, write_json
 from ..solver import LO, WIDTH, RunArrays, lbfgsb, objective, random_starts, serial_fit, solve_restarts
 from .paper import PAPER_LAW, synthetic_runs
 
@@ -163,7 +163,7 @@ def bench_train(argv) -> int:
 
 
     ap = argparse.ArgumentParser(prog="looped bench train")
-    ap.add_argument("--preset", default="cpu")
+    ap.add_argument("--preset", default="cpu", help="model preset (default: cpu)")
     ap.add_argument("--sizes", default="4,6,8,16,32",
                     help="comma-separated widths s (default: d = 16-128 on the cpu preset)")
     ap.add_argument("--r", default="1,4", help="comma-separated recurrences")
@@ -174,8 +174,11 @@ def bench_train(argv) -> int:
                     help="square matmul size for the peak (default: 8192 on a GPU, 1024 on the CPU)")
     ap.add_argument("--peak-flops", type=float, default=None, help="MFU denominator in FLOP/s (default: measured)")
     ap.add_argument("--micro-batch", type=int, default=None, help="rows per forward pass (default: the whole batch)")
-    ap.add_argument("--json", default=None, help="also write the rows and the peak to this file")
+    add_json_option(ap, "the rows and the peak")
     a = ap.parse_args(argv)
+    if destination_error(a.json, "--json"):
+        print(f"looped bench train: error: {destination_error(a.json, '--json')}", file=sys.stderr)
+        return 2
     if a.threads:
         torch.set_num_threads(a.threads)
     a.peak_size = a.peak_size or (8192 if torch.cuda.is_available() else 1024)
@@ -188,6 +191,22 @@ def bench_train(argv) -> int:
         print(f"looped bench train: error: {e}", file=sys.stderr)
         return 2
     kind = "cuda bf16" if torch.cuda.is_available() else "cpu fp32"
+    with readable_output(a.json):
+        ratios = _print_train(rows, peak, kind, a)
+    if a.json is not None:
+        write_json(a.json, {"preset": a.preset, "device": kind, "threads": torch.get_num_threads(),
+                            "peak_flops": peak, "peak_size": a.peak_size, "rows": rows,
+                            "speedups": [{"s": s, "r": r, "fast_over_eager": v} for (s, r), v in ratios.items()]})
+    return 0
+
+
+def readable_output(json_dest):
+    """Where a command's readable output goes: stdout, or stderr while stdout carries `--json -`."""
+    return contextlib.redirect_stdout(sys.stderr) if json_dest == "-" else contextlib.nullcontext()
+
+
+def _print_train(rows, peak, kind, a) -> dict:
+    import torch
     print(f"{kind}, {torch.get_num_threads()} threads; "
           + (f"peak (given): {peak / 1e9:.1f} GFLOP/s" if a.peak_flops else
              f"matmul peak ({a.peak_size}^3): {peak / 1e9:.1f} GFLOP/s"))
@@ -199,12 +218,7 @@ def bench_train(argv) -> int:
     ratios = speedups(rows)
     if ratios:
         print("fast / eager steps per second: " + ", ".join(f"s={s:g} r={r}: {v:.2f}x" for (s, r), v in ratios.items()))
-    if a.json:
-        atomic_write_json(Path(a.json), {"preset": a.preset, "device": kind, "threads": torch.get_num_threads(),
-                                         "peak_flops": peak, "peak_size": a.peak_size, "rows": rows,
-                                         "speedups": [{"s": s, "r": r, "fast_over_eager": v}
-                                                      for (s, r), v in ratios.items()]})
-    return 0
+    return ratios
 
 
 def bench_profile(argv) -> int:
@@ -212,14 +226,17 @@ def bench_profile(argv) -> int:
     import torch
 
     ap = argparse.ArgumentParser(prog="looped bench profile")
-    ap.add_argument("--preset", default="prose")
-    ap.add_argument("--s", type=float, default=4, help="width knob (prose: d = 8 s)")
-    ap.add_argument("--r", type=int, default=1)
-    ap.add_argument("--path", choices=PATHS, default="fast")
-    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--preset", default="prose", help="model preset (default: prose)")
+    ap.add_argument("--s", type=float, default=4, help="width knob (prose: d = 8 s; default: 4)")
+    ap.add_argument("--r", type=int, default=1, help="recurrences (default: 1)")
+    ap.add_argument("--path", choices=PATHS, default="fast", help="training step to profile (default: fast)")
+    ap.add_argument("--steps", type=int, default=3, help="profiled steps (default: 3)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    ap.add_argument("--json", default=None, help="also write the shares and the operator table here")
+    add_json_option(ap, "the shares and the operator table")
     a = ap.parse_args(argv)
+    if destination_error(a.json, "--json"):
+        print(f"looped bench profile: error: {destination_error(a.json, '--json')}", file=sys.stderr)
+        return 2
     if a.threads:
         torch.set_num_threads(a.threads)
     try:
@@ -227,18 +244,32 @@ def bench_profile(argv) -> int:
     except (ConfigError, ValueError) as e:
         print(f"looped bench profile: error: {e}", file=sys.stderr)
         return 2
-    print(out["table"])
-    print(f"{a.preset} s={a.s:g} (d={out['d_model']}) r={a.r}, {a.path} path, {out['threads']} thread(s): "
-          f"{out['ms_per_step']:.0f} ms/step; " + ", ".join(f"{k} {v:.0%}" for k, v in out["shares"].items()))
-    if a.json:
-        atomic_write_json(Path(a.json), {**out, "command": "looped bench profile " + " ".join(argv)})
+    with readable_output(a.json):
+        print(out["table"])
+        print(f"{a.preset} s={a.s:g} (d={out['d_model']}) r={a.r}, {a.path} path, {out['threads']} thread(s): "
+              f"{out['ms_per_step']:.0f} ms/step; " + ", ".join(f"{k} {v:.0%}" for k, v in out["shares"].items()))
+    if a.json is not None:
+        write_json(a.json, {**out, "command": "looped bench profile " + " ".join(argv)})
     return 0
+
+
+BENCH_USAGE = """usage: looped bench {train,fit,profile} [options]
+
+  train    fast vs eager training step: ms/step, tokens/s, MFU against a measured matmul peak
+  fit      the fitter (the paper's full protocol) against a serial scipy reference
+  profile  the share of a training step each part takes
+
+looped bench COMMAND --help lists its options."""
 
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["-h"], ["--help"]):
+        print(BENCH_USAGE)
+        return 0
     if not argv or argv[0] not in ("train", "fit", "profile"):
-        print("usage: looped bench {train,fit,profile} [options]", file=sys.stderr)
+        what = f"unknown benchmark {argv[0]!r}" if argv else "name a benchmark"
+        print(f"looped bench: error: {what}: train, fit or profile (looped bench --help)", file=sys.stderr)
         return 2
     if argv[0] == "train":
         return bench_train(argv[1:])
@@ -257,8 +288,8 @@ def bench_fit(argv=None) -> int:
     vs serial scipy from the same starts, and the pruned full protocol vs every restart solved
     to convergence (no pruning), for the main fit and a few resamples."""
     ap = argparse.ArgumentParser(prog="looped bench fit")
-    ap.add_argument("--restarts", type=int, default=500)
-    ap.add_argument("--bootstrap", type=int, default=200)
+    ap.add_argument("--restarts", type=int, default=500, help="random starts per fit (default: 500, the paper's)")
+    ap.add_argument("--bootstrap", type=int, default=200, help="bootstrap resamples (default: 200, the paper's)")
     ap.add_argument("--boot-restarts", type=int, default=-1,
                     help="-1 (default): the full protocol; k >= 0: time the warm-start shortcut instead")
     ap.add_argument("--reference-restarts", type=int, default=20,
@@ -267,7 +298,8 @@ def bench_fit(argv=None) -> int:
                     help="bootstrap resamples whose optimum is checked (serial scipy and unpruned)")
     ap.add_argument("--check-restarts", type=int, default=8,
                     help="starts per checked resample solved by serial scipy")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="seed of the synthetic runs, starts and resamples "
+                                                        "(default: 0)")
     a = ap.parse_args(argv)
 
     df = synthetic_runs(seed=a.seed)
