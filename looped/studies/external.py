@@ -197,14 +197,17 @@ def profile(df, name: str, values, fix=None, restarts=40, seed=0, chinchilla=Non
 
 
 def profile_interval(prof: pd.DataFrame, name: str, n: int, k: int, level: float = 0.95):
-    """Values whose residual sum of squares is within the F-test bound of the best (nonlinear least
-    squares; n runs, k free parameters): (lo, hi), NaN where the bound is not crossed inside the grid."""
+    """Values whose residual sum of squares is within the F-test bound of the profile's best (nonlinear
+    least squares; n runs, k free parameters), the crossings interpolated linearly between profile points:
+    (lo, hi), NaN where the bound is not crossed inside the profile."""
     sse = prof.rmse.to_numpy() ** 2 * n
     limit = sse.min() * (1 + stats.f.ppf(level, 1, max(n - k, 1)) / max(n - k, 1))
-    x, inside = prof[name].to_numpy(), sse <= limit
-    i = np.flatnonzero(inside)
-    lo = float(x[i[0]]) if i[0] > 0 else float("nan")
-    hi = float(x[i[-1]]) if i[-1] < len(x) - 1 else float("nan")
+    x, i = prof[name].to_numpy(), np.flatnonzero(sse <= limit)
+
+    def cross(a, b):   # between profile points a (outside) and b (inside)
+        return float(x[a] + (x[b] - x[a]) * (sse[a] - limit) / (sse[a] - sse[b]))
+    lo = cross(i[0] - 1, i[0]) if i[0] > 0 else float("nan")
+    hi = cross(i[-1] + 1, i[-1]) if i[-1] < len(x) - 1 else float("nan")
     return lo, hi
 
 
