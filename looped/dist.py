@@ -1,4 +1,5 @@
-"""torchrun's processes (`Dist`) and the one wait that must not hit a collective timeout.
+"""torchrun's processes (`Dist`: their collectives, the gradient average) and the one wait that
+must not hit a collective timeout.
 
 `prepare_once`: under torchrun, rank 0 builds (or opens) a preset's dataset while the other
 ranks wait.  A plain `dist.barrier()` on the NCCL group would time out after the process
@@ -86,3 +87,31 @@ class Dist:
     def barrier(self):
         if self.world > 1:
             dist.barrier()
+
+    def broadcast_params(self, module: torch.nn.Module):
+        """Rank 0's parameters on every rank (equal seeds give equal ones; this makes sure)."""
+        if self.world > 1:
+            for p in module.parameters():
+                dist.broadcast(p.data, src=0)
+
+    def average_grads(self, params, bucket_elems: int = 1 << 25):
+        """Average the ranks' gradients, one all-reduce per flat bucket of at most `bucket_elems`.
+
+        The trainer calls it once per step, after the ranks have agreed that every one of them
+        finished its backward: DDP's all-reduce inside the backward would leave a rank that ran out
+        of memory mid-step with unmatched collectives (a gloo error, an NCCL hang).  The price is
+        the overlap of that all-reduce with the backward."""
+        if self.world == 1:
+            return
+        from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+        grads, bucket, size = [p.grad for p in params if p.grad is not None], [], 0
+        for i, g in enumerate(grads):
+            bucket.append(g)
+            size += g.numel()
+            if size >= bucket_elems or i == len(grads) - 1:
+                flat = _flatten_dense_tensors(bucket)
+                dist.all_reduce(flat)
+                flat /= self.world
+                for g_, r in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
+                    g_.copy_(r)
+                bucket, size = [], 0

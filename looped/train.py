@@ -2,8 +2,9 @@
 
 Steps come from the FLOPs budget through the accounting module, so every run of a study
 spends exactly its compute.  One code path serves the CPU (fp32), one GPU (bf16 autocast)
-and several GPUs under `torchrun` (DDP); on the CPU the same DDP path runs on gloo, which is
-how the tests check it.  By default the step is the fast one on every device: the model's
+and several GPUs under `torchrun` (data parallel: each rank a contiguous slice of a step's rows,
+gradients averaged once per step after the ranks agree none ran out of memory); on the CPU the
+same path runs on gloo, which is how the tests check it.  By default the step is the fast one on every device: the model's
 forward and backward compiled by torch.compile (inductor) and the optimizers batched over
 tensors; `compile=False` (`--no-compile`) is the plain eager reference with the same maths, and
 where inductor cannot compile the run falls back to it.  On a GPU the micro-batch starts at
@@ -12,7 +13,6 @@ records are written atomically, so a killed run loses at most one checkpoint int
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 import math
@@ -148,8 +148,7 @@ def fast_model(model: torch.nn.Module) -> torch.nn.Module:
     Compiled code is still reused across runs of one shape through inductor's on-disk caches.
     """
     torch._dynamo.reset()
-    inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
-    inner.fused_loss = True
+    model.fused_loss = True
     return torch.compile(model, dynamic=False)
 
 
@@ -170,12 +169,13 @@ def short_reason(e: BaseException) -> str:
 # ----------------------------------------------------------------------------- training
 
 def evaluate(model, dataset, rows: int, micro: int, dd: Dist, autocast) -> float:
-    """Mean cross-entropy in nats over the fixed validation rows (split across ranks)."""
+    """Mean cross-entropy in nats over the fixed validation rows (a contiguous slice per rank)."""
     model.eval()
     total, count = 0.0, 0
+    lo, hi = rows * dd.rank // dd.world, rows * (dd.rank + 1) // dd.world
     with torch.no_grad():
-        for start in range(dd.rank * micro, rows, micro * dd.world):
-            batch = dataset.rows("val", start, min(micro, rows - start)).to(dd.device)
+        for start in range(lo, hi, micro):
+            batch = dataset.rows("val", start, min(micro, hi - start)).to(dd.device)
             with autocast:
                 loss = model(batch[:, :-1], batch[:, 1:])
             total += loss.item() * batch.shape[0]  # every row holds T targets
@@ -232,14 +232,10 @@ def train(tc: TrainConfig) -> dict:
         for o in optimizers:
             for g in o.param_groups:
                 g["initial_lr"] *= lr_scale
-    model = raw
-    if dd.world > 1:
-        model = torch.nn.parallel.DistributedDataParallel(
-            raw, device_ids=[dd.local_rank] if dd.device.type == "cuda" else None,
-            gradient_as_bucket_view=True, broadcast_buffers=False)
-    eager = model
+    dd.broadcast_params(raw)  # under torchrun: no DDP wrapper, see Dist.average_grads
+    model = eager = raw
     if tc.compile:
-        model = fast_model(model)
+        model = fast_model(raw)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if dd.device.type == "cuda" \
         else torch.autocast("cpu", enabled=False)
 
@@ -267,22 +263,21 @@ def train(tc: TrainConfig) -> dict:
     bar = tqdm(total=steps, initial=start, disable=tc.quiet or not dd.main, unit="step",
                desc=run_id(tc) if tc.budget or tc.steps else "train", dynamic_ncols=True)
 
-    def one_step(step: int, micro: int) -> torch.Tensor:
-        """Forward and backward over the step's rows; the summed loss stays on the device."""
-        accum = rows_per_step // (micro * dd.world)
-        loss_sum = torch.zeros((), device=dd.device)
+    rows_per_rank = rows_per_step // dd.world
+
+    def one_step(step: int, micro: int, loss_sum: torch.Tensor):
+        """Forward and backward over this rank's rows of the step (a contiguous slice, so ranks at
+        different micro-batches still read each row once), summing the loss on the device."""
+        accum = rows_per_rank // micro
         for a in range(accum):
-            first = blocks[step] * rows_per_step + (a * dd.world + dd.rank) * micro
-            batch = dataset.rows("train", first, micro)
+            batch = dataset.rows("train", blocks[step] * rows_per_step + dd.rank * rows_per_rank + a * micro, micro)
             if dd.device.type == "cuda":  # from pinned memory the copy need not wait for the GPU
                 batch = batch.pin_memory()
             batch = batch.to(dd.device, non_blocking=True)
-            sync_ctx = model.no_sync() if dd.world > 1 and a < accum - 1 else contextlib.nullcontext()
-            with sync_ctx, autocast:
+            with autocast:
                 loss = model(batch[:, :-1], batch[:, 1:]) / accum
             loss.backward()
             loss_sum += loss.detach()
-        return loss_sum
 
     cadence = Cadence.of(tc, dd.device)
     compiled, compile_error, cannot_compile = tc.compile, None, compile_errors() if tc.compile else ()
@@ -293,40 +288,47 @@ def train(tc: TrainConfig) -> dict:
         optim.set_lr(optimizers, optim.lr_multiplier(step, steps))
         retried = False
         while True:
+            loss_sum, failure, oom = torch.zeros((), device=dd.device), None, False
             try:
-                loss_sum = one_step(step, micro)
-                break
+                one_step(step, micro, loss_sum)
             except torch.OutOfMemoryError:
-                # Under DDP this relies on every rank running out at once (same shapes, same GPUs).
-                if tc.micro_batch or micro == 1:  # a micro-batch the user chose is theirs to change
+                # a micro-batch the user chose is theirs to change
+                if dd.world == 1 and (tc.micro_batch or micro == 1):
                     raise
-                failure = None
+                oom = True
             except cannot_compile as e:
                 if not compiled:
                     raise
                 failure = short_reason(e)
+            # The ranks agree before any gradient moves: an out-of-memory or a failed compile on
+            # one rank is every rank's; the clocks' checkpoint votes ride along.  One host sync.
+            votes = torch.stack([loss_sum, *(torch.full((), float(v), device=dd.device)
+                                             for v in (cadence.time_due(), oom, failure is not None))])
+            if dd.world > 1:
+                dist.all_reduce(votes)
+                votes[0] /= dd.world
+            loss_value, due_by_time, n_oom, n_failed = votes.tolist()
+            if not n_oom and not n_failed:
+                break
             # here, out of the handler, the traceback and the activations its frames held are gone
             retried = True
             for o in optimizers:
                 o.zero_grad(set_to_none=True)  # the partial step's gradients: redo it from its start
-            if failure is None:  # the memory model is an estimate, and optimizer state comes at step 1
-                micro //= 2
-                history.append([step, micro])
-                fresh_device_memory(dd.device)
-            else:  # inductor cannot compile on this machine: the eager reference step, as --no-compile
+            if n_failed:  # inductor cannot compile on this machine: the eager reference step, as --no-compile
+                failure = failure or "on another rank"
                 model, compiled, compile_error = eager, False, failure
                 raw.fused_loss = False
                 optim.set_fast(optimizers, False)
                 if dd.main:
                     print(f"looped train: warning: torch.compile failed, training eager ({failure})", file=sys.stderr)
-        due_by_time = cadence.time_due()
-        if dd.world > 1:  # ranks checkpoint together: the clocks' votes ride on the loss's reduction
-            votes = torch.stack([loss_sum, torch.full((), float(due_by_time), device=dd.device)])
-            dist.all_reduce(votes)
-            votes[0] /= dd.world
-            loss_value, due_by_time = votes.tolist()  # the step's one host sync
-        else:
-            loss_value = loss_sum.item()  # the step's one host sync
+            else:  # the memory model is an estimate, and optimizer state comes at step 1
+                if tc.micro_batch or micro == 1:
+                    raise TrainError(f"{int(n_oom)} of {dd.world} ranks ran out of memory at step {step} "
+                                     f"with micro-batch {micro}" + (": lower --micro-batch" if tc.micro_batch else ""))
+                micro //= 2
+                history.append([step, micro])
+                fresh_device_memory(dd.device)
+        dd.average_grads(raw.parameters())
         if not math.isfinite(loss_value):
             status = "diverged"
             state["curve"].append([step, None])
