@@ -11,7 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from looped import fit as F
+from looped.cli import main as looped_main
+from looped.fit import FitError
 from looped.studies import external as X
 
 
@@ -74,7 +75,7 @@ def test_looped_fit_accepts_the_exported_tables(tmp_path):
     assert X.main(["--export", str(tmp_path)]) == 0
     for name in ("ladder_runs.csv", "grid_runs.csv"):
         out = tmp_path / (name + ".json")
-        assert F.main([str(tmp_path / name), "--restarts", "20", "--json", str(out)]) == 0
+        assert looped_main(["fit", str(tmp_path / name), "--restarts", "20", "--json", str(out)]) == 0
         res = json.loads(out.read_text())
         assert res["kind"] == "joint" and res["n_runs"] == len(pd.read_csv(tmp_path / name))
     done = subprocess.run([sys.executable, "-m", "looped", "fit", str(tmp_path / "grid_runs.csv"), "--restarts", "10",
@@ -95,7 +96,7 @@ def test_a_malformed_table_is_a_one_line_error(tmp_path, damage, capsys):
         df.to_csv(path, index=False)
     else:
         path.write_bytes(b"\x00\xff\x00 binary")
-    with pytest.raises(F.FitError):
+    with pytest.raises(FitError):
         X.ladder_runs(folder)
     assert X.main(["--data", str(folder), "--export", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
