@@ -664,3 +664,46 @@ def test_every_training_option_is_one_flag_in_train_sweep_and_slurm(grid_csv, tm
     assert sweep.main([*base, "--slurm", "2", "--slurm-script", str(script)]) == 0
     bare = script.read_text().strip().splitlines()[-1]
     assert not any(shown(options.flags(f)[0], bare) for f in passed)
+
+
+# ----------------------------------------------------------------------------- issue 35: budgets, logs, data
+
+def test_dry_run_honours_budgets(capsys):
+    runs = registry.load_study("gpu-main")
+    one = sorted({r.budget for r in runs})[0]
+    assert sweep.main(["gpu-main", "--dry-run", "--budgets", f"{one:g}"]) == 0
+    text = capsys.readouterr().out
+    subset = [r.run_id for r in runs if r.budget == one]
+    listed = [ln.split()[0] for ln in text.splitlines() if ln.split()[:1] and ln.split()[0] in
+              {r.run_id for r in runs}]
+    assert listed == subset and 0 < len(subset) < len(runs)
+    assert f"\n{len(subset)} runs ({len(subset)} to do)" in text
+    assert sweep.main(["gpu-main", "--dry-run", "--budgets", "7e99"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--budgets 7e99 matches no run of gpu-main" in err
+
+
+def test_slurm_creates_its_log_folder_and_passes_budgets(grid_csv, tmp_path):
+    script = tmp_path / "slurm" / "t.sbatch"
+    assert sweep.main([STUDY, "--grid", str(grid_csv), "--preset", "tiny", "--out", str(tmp_path / "o"),
+                       "--slurm", "2", "--slurm-script", str(script), "--budgets", f"{budget(10):g}"]) == 0
+    text = script.read_text()
+    output = next(ln for ln in text.splitlines() if ln.startswith("#SBATCH --output="))
+    assert Path(output.split("=", 1)[1]).parent.is_dir()  # Slurm would not create it
+    assert f"--budgets {budget(10):g}" in text.strip().splitlines()[-1]
+
+
+def test_a_missing_dataset_stops_the_sweep_once(grid_csv, tmp_path, monkeypatch, capsys):
+    """A data error is every run's: one line, exit 2, no failed records (not one per run)."""
+    from looped.config import DataError
+    calls = []
+
+    def no_data(tc):
+        calls.append(tc)
+        raise DataError("prose corpus sources missing in /x/sources (bigbench.tar.gz): run `make corpus`\nmore")
+    monkeypatch.setattr("looped.train.train", no_data)
+    out = tmp_path / "o"
+    assert sweep.main([STUDY, "--grid", str(grid_csv), "--preset", "tiny", "--out", str(out)]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("looped sweep")]
+    assert len(err) == 1 and err[0].startswith("looped sweep: error:") and err[0].endswith("make corpus`")
+    assert len(calls) == 1 and not list(out.glob("*.json")) and not (out / "ckpt").exists()

@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from .. import memory
-from ..config import REPO, ConfigError, get_preset
+from ..config import REPO, ConfigError, DataError, get_preset
 from ..io import atomic_write_json
 from ..memory import GPU_SPECS
 from ..options import TrainConfig, add_options, given_options, option_argv
@@ -74,6 +74,8 @@ def sweep(study: str, out: str | Path, shard: tuple[int, int] = (0, 1), checkpoi
             log(f"    {rec['status']}: loss {rec['loss']} in {time.time() - t0:.0f}s")
         except KeyboardInterrupt:
             raise
+        except DataError as e:  # the dataset is every run's: stop once, record nothing
+            raise SweepError(f"{run.run_id}: no dataset for preset {run.preset}: {str(e).splitlines()[0]}") from None
         except Exception as e:  # one broken run must not cost the sweep; say what broke
             from ..dist import Dist  # torch only when a run has failed
             if Dist().main:
@@ -279,6 +281,12 @@ def main(argv=None) -> int:
     train_kw = given_options(a, passthrough=True)
     try:
         runs = load_study(a.study, a.grid, a.preset)  # the study, grid and preset, resolved once
+        if budgets is not None:  # every mode (dry run, SLURM, reuse, sweep) sees the same subset
+            known = sorted({r.budget for r in runs})
+            runs = [r for r in runs if any(abs(r.budget / b - 1) < 1e-6 for b in budgets)]
+            if not runs:
+                raise SweepError(f"--budgets {a.budgets} matches no run of {a.study} (its budgets: "
+                                 + ",".join(f"{b:g}" for b in known) + ")")
         TrainConfig(**train_kw)  # bad options fail here, once, not in every run
         if a.slurm is not None:
             return _write_slurm(a, runs, out, train_kw)
@@ -288,8 +296,7 @@ def main(argv=None) -> int:
             missing = [d for d in a.reuse if not Path(d).is_dir()]
             if missing:
                 raise SweepError(f"--reuse: {', '.join(missing)} is not a folder of run records")
-            adopted = adopt_records([run for run in runs if budgets is None or any(
-                abs(run.budget / b - 1) < 1e-6 for b in budgets)], out, a.reuse)
+            adopted = adopt_records(runs, out, a.reuse)
             print(f"{a.study}: adopted {len(adopted)} finished run(s) from {', '.join(a.reuse)}")
         table = sweep(a.study, out, (i, n), quiet=not a.verbose, runs=runs, budgets=budgets, **train_kw)
     except (SweepError, RecordError, ConfigError) as e:
@@ -304,6 +311,8 @@ def _write_slurm(a, runs: list[Run], out: Path, train_kw: dict) -> int:
     if a.grid:
         args += ["--grid", str(Path(a.grid).resolve()), "--preset", runs[0].preset]
     args += option_argv(train_kw)
+    if a.budgets:
+        args += ["--budgets", a.budgets]
     if a.verbose:
         args.append("--verbose")
     path = Path(a.slurm_script or REPO / "slurm" / f"{a.study}.sbatch")
@@ -312,6 +321,7 @@ def _write_slurm(a, runs: list[Run], out: Path, train_kw: dict) -> int:
                         max_parallel=a.max_parallel, log_dir=path.parent.resolve() / "logs",
                         extra_sbatch=a.sbatch)
     path.parent.mkdir(parents=True, exist_ok=True)
+    (path.parent.resolve() / "logs").mkdir(exist_ok=True)  # Slurm opens --output before the script runs
     path.write_text(text)
     path.chmod(0o755)
     print(f"wrote {path}: {a.slurm} array task(s), records in {out}")
