@@ -8,7 +8,7 @@ COMMANDS = {  # name -> (module, function, one-line help)
     "accounting": ("looped.accounting", "main", "parameter and FLOPs accounting of a configuration"),
     "train": ("looped.train", "main", "train one configuration for a FLOPs budget"),
     "sweep": ("looped.studies.sweep", "main", "run (or size, with --dry-run) a named study, resumably"),
-    "runs": ("looped.cli", "runs_main", "print a study's runs table and export the fitter's CSV"),
+    "runs": ("looped.studies.sweep", "runs_main", "print a study's runs table and export the fitter's CSV"),
     "fit": ("looped.fit_cli", "main", "fit the joint scaling law (phi) to a runs table"),
     "data": ("looped.data", "main", "prepare tokenizer and data shards"),
     "bench": ("looped.studies.bench", "main", "benchmarks: `bench train`, `bench fit`, `bench profile`"),
@@ -38,20 +38,22 @@ def version() -> str:
     return __version__
 
 
-def runs_main(argv=None) -> int:
-    """`looped runs`: looped.studies.sweep.runs_main, with its --csv destination checked first
-    (a missing folder is one line and exit 2, not a pandas traceback)."""
+# Output files a command writes only after its work, checked here first: a missing folder is one
+# line and exit 2, not a traceback at the end (the commands that check their own are not listed).
+OUTPUTS = {"runs": "--csv"}
+
+
+def output_error(command: str, argv: list[str]) -> str | None:
+    """Why the output file named on `command`'s command line cannot be written, or None."""
     import argparse
 
     from .io import destination_error
-    first = argparse.ArgumentParser(prog="looped runs", add_help=False)
-    first.add_argument("--csv")
-    error = destination_error(first.parse_known_args(argv)[0].csv, "--csv")
-    if error:
-        print(f"looped runs: error: {error}", file=sys.stderr)
-        return 2
-    from .studies.sweep import runs_main as table
-    return table(argv)
+    if command not in OUTPUTS:
+        return None
+    first = argparse.ArgumentParser(add_help=False)
+    first.add_argument(OUTPUTS[command])
+    known, _ = first.parse_known_args(argv)
+    return destination_error(getattr(known, OUTPUTS[command].lstrip("-")), OUTPUTS[command])
 
 
 def main(argv=None) -> int:
@@ -64,6 +66,10 @@ def main(argv=None) -> int:
         return 0
     if argv[0] not in COMMANDS:
         print(f"looped: error: unknown command {argv[0]!r}\n{usage()}", file=sys.stderr)
+        return 2
+    error = output_error(argv[0], argv[1:])
+    if error:
+        print(f"looped {argv[0]}: error: {error}", file=sys.stderr)
         return 2
     module, func, _ = COMMANDS[argv[0]]
     return int(getattr(importlib.import_module(module), func)(argv[1:]) or 0)
