@@ -243,6 +243,21 @@ def test_auto_micro_batch_is_the_largest_power_of_two_that_fits():
     assert memory.micro_batch_candidates(96) == [32, 16, 8, 4, 2, 1]
 
 
+def test_gpu_table_holds_the_bytes_devices_report():
+    """torch.cuda.get_device_properties(0).total_memory as recorded on the devices (the trainer's
+    micro-batch comes from it), not the vendor's decimal 141 GB / 80 GB."""
+    assert memory.GPU_SPECS["H200"][1] == 150_754_820_096  # NVIDIA H200: 143,771 MiB
+    assert memory.GPU_SPECS["H100"][1] == 85_520_809_984   # NVIDIA H100 80GB HBM3: 81,559 MiB
+    assert memory.gpu_spec("NVIDIA H200", 150_754_820_096)[0] == "H200"
+    assert memory.gpu_spec("NVIDIA H100 80GB HBM3", 85_520_809_984)[0] == "H100"
+    # the dry run away from the GPU now picks what the trainer on it picks
+    plain, looped = model_config("paper", r=1, s=6), model_config("paper", r=8, s=6)
+    assert memory.auto_micro_batch(plain, 128, memory.GPU_SPECS["H200"][1]) == 64 > \
+        memory.auto_micro_batch(plain, 128, 141e9)
+    assert memory.auto_micro_batch(looped, 128, memory.GPU_SPECS["H100"][1]) == 32 > \
+        memory.auto_micro_batch(looped, 128, 80e9)
+
+
 def test_device_free_bytes_on_cpu_is_none():
     assert memory.device_free_bytes("cpu") is None
     if not torch.cuda.is_available():

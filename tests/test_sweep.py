@@ -348,9 +348,10 @@ def test_gpu_dry_run_prints_micro_batch_memory_and_gpu_hours(capsys):
     assert len(lines) == len(runs)
     for run in runs:
         f = lines[run.run_id]
-        m = memory.auto_micro_batch(run.model_config(), 128, 80e9)
+        h100 = memory.GPU_SPECS["H100"][1]
+        m = memory.auto_micro_batch(run.model_config(), 128, h100)
         assert int(f["micro_batch"]) == m
-        assert float(f["mem_GB"]) <= 0.85 * 80
+        assert float(f["mem_GB"]) <= 0.85 * h100 / 1e9
         # estimated hours = FLOPs / (989 TFLOP/s x 35%)
         s = accounting.summary(run.model_config(), run.budget, 262_144)
         assert float(f["gpu_hours"]) == pytest.approx(s["flops_per_token"] * s["tokens"] / (989e12 * 0.35) / 3600,
