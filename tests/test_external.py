@@ -129,6 +129,6 @@ def test_reduced_analysis_matches_the_committed_results(tmp_path):
     pd.testing.assert_frame_equal(quick["matched"], committed["matched"])
     pd.testing.assert_frame_equal(quick["grid"]["matched"], committed["grid"]["matched"])
     assert quick["grid"]["fit"]["phi"] == pytest.approx(committed["grid"]["fit"]["phi"], abs=0.02)
-    # the two-arm joint fit is barely identified (the appendix's point): its phi only within the committed profile interval
+    # the two-arm joint fit is barely identified (the appendix's point): phi only within the committed profile interval
     lo, hi = X.profile_interval(committed["identification"]["phi_profile_loop2_untied2"], "phi", n=14, k=6)
     assert lo <= quick["identification"]["joint_loop2_untied2"]["phi"] <= hi

@@ -166,7 +166,8 @@ def grid_runs(folder=DATA, best: bool = True) -> pd.DataFrame:
     if best:
         key = ["depth", "r"]
         lo, hi = df.groupby(key).weight_decay.transform("min"), df.groupby(key).weight_decay.transform("max")
-        df = df.assign(wd_at_edge=(df.weight_decay == lo) | (df.weight_decay == hi), n_wd=df.groupby(key).loss.transform("size"))
+        df = df.assign(wd_at_edge=(df.weight_decay == lo) | (df.weight_decay == hi),
+                       n_wd=df.groupby(key).loss.transform("size"))
         df = df.loc[df.groupby(key).loss.idxmin()].sort_values(key)
     return validate_runs(df.reset_index(drop=True), "grid")
 
@@ -175,7 +176,8 @@ def flops_check(ladder: pd.DataFrame, grid: pd.DataFrame) -> dict:
     """compute_flops against our reading of their formula and against our accounting with causal attention."""
     both = pd.concat([ladder, grid])
     return {"max_their_formula_dev": float((both.their_formula_ratio - 1).abs().max()),
-            "our_causal_ratio_min": float(both.our_causal_ratio.min()), "our_causal_ratio_max": float(both.our_causal_ratio.max()),
+            "our_causal_ratio_min": float(both.our_causal_ratio.min()),
+            "our_causal_ratio_max": float(both.our_causal_ratio.max()),
             "tol_their_formula": TOL_THEIRS, "tol_ours": TOL_OURS, "mlp_multiple": MLP_MULTIPLE}
 
 
@@ -299,7 +301,8 @@ def matched_summary(tab: pd.DataFrame, ladder) -> pd.DataFrame:
         rows.append(dict(reference=ref, n_depths=len(t), phi=float(t.phi.median()), phi_raw=float(t.phi_raw.median()),
                          phi_lo=float(t.phi_lo.median()), phi_hi=float(t.phi_hi.median()),
                          depth_min=float(t.phi.min()), depth_max=float(t.phi.max())))
-    gap = ladder[ladder.arm == "untied_2"].set_index("depth").loss - ladder[ladder.arm == "deep_vanilla"].set_index("depth").loss
+    by_arm = {arm: t.set_index("depth").loss for arm, t in ladder.groupby("arm")}
+    gap = by_arm["untied_2"] - by_arm["deep_vanilla"]
     out = pd.DataFrame(rows)
     out.attrs["recipe_gap"] = gap
     return out
@@ -335,7 +338,8 @@ def grid_matched(best: pd.DataFrame) -> pd.DataFrame:
     for x in best[best.r > 1].itertuples():
         mid = matched_phi(x, ref, "linear", 0.0)
         lo, hi = _span([matched_phi(x, ref, m, 0.0)["phi"] for m in INTERP])
-        rows.append(dict(depth=x.depth, r=x.r, loss=x.loss, phi=mid["phi"], phi_lo=lo, phi_hi=hi, n_star=mid["n_star"], extrapolated=mid["extrapolated"]))
+        rows.append(dict(depth=x.depth, r=x.r, loss=x.loss, phi=mid["phi"], phi_lo=lo, phi_hi=hi, n_star=mid["n_star"],
+                         extrapolated=mid["extrapolated"]))
     return pd.DataFrame(rows)
 
 
@@ -344,17 +348,20 @@ def grid_analysis(best: pd.DataFrame, s, seed=0, all_runs=None) -> dict:
     pooled φ with bootstrap and profile intervals, per-depth φ (alpha, E from the pooled fit; A, φ free),
     pointwise φ, and the same fit on subsets (r <= 4, the paper's r, one weight decay for all)."""
     held = {"B": PAPER_LAW.B, "beta": PAPER_LAW.beta}
-    res = fit(best, restarts=s["restarts"], seed=seed, fix=held, bootstrap=s["bootstrap"], boot_restarts=s["boot_restarts"])
+    res = fit(best, restarts=s["restarts"], seed=seed, fix=held, bootstrap=s["bootstrap"],
+              boot_restarts=s["boot_restarts"])
     prof = profile(best, "phi", np.linspace(-0.25, 1.5, s["profile_points"]), fix=held, restarts=s["restarts"])
     lo, hi = profile_interval(prof, "phi", len(best), 4)
-    pooled = dict(res.to_dict(), phi_profile_lo=lo, phi_profile_hi=hi, n_runs=len(best), rmse=math.sqrt(_sse(res, best) / len(best)))
+    pooled = dict(res.to_dict(), phi_profile_lo=lo, phi_profile_hi=hi, n_runs=len(best),
+                  rmse=math.sqrt(_sse(res, best) / len(best)))
     per_depth = []
     for d, t in best.groupby("depth"):
         if (t.r == 1).sum() == 0 or len(t) < 3:
             continue
         fix = dict(held, alpha=res.alpha, E=res.E)
         r_d = fit(t, restarts=s["restarts"], seed=seed, fix=fix)
-        p_d = profile(t, "phi", np.linspace(-0.5, 2.5, s["profile_points"]), fix=fix, restarts=max(8, s["restarts"] // 4))
+        p_d = profile(t, "phi", np.linspace(-0.5, 2.5, s["profile_points"]), fix=fix,
+                      restarts=max(8, s["restarts"] // 4))
         lo_d, hi_d = profile_interval(p_d, "phi", len(t), 2)
         per_depth.append(dict(depth=d, n_runs=len(t), max_r=int(t.r.max()), phi=r_d.phi, phi_lo=lo_d, phi_hi=hi_d))
     subsets = {"r <= 4": best[best.r <= 4], "r in {1, 2, 4, 8}": best[best.r.isin([1, 2, 4, 8])]}
@@ -363,10 +370,11 @@ def grid_analysis(best: pd.DataFrame, s, seed=0, all_runs=None) -> dict:
     sub = []
     for name, t in subsets.items():
         r_s = fit(t.reset_index(drop=True), restarts=s["restarts"], seed=seed, fix=held)
-        sub.append(dict(subset=name, n_runs=len(t), phi=r_s.phi, alpha=r_s.alpha, rmse=math.sqrt(_sse(r_s, t) / len(t))))
+        sub.append(dict(subset=name, n_runs=len(t), phi=r_s.phi, alpha=r_s.alpha,
+                        rmse=math.sqrt(_sse(r_s, t) / len(t))))
     table = best[["depth", "r", "weight_decay", "wd_at_edge", "n_wd", "loss", "n_once", "n_rec"]]
-    return {"fit": pooled, "profile": prof, "per_depth": pd.DataFrame(per_depth), "pointwise": pointwise_phi(best, res.law),
-            "matched": grid_matched(best),
+    return {"fit": pooled, "profile": prof, "per_depth": pd.DataFrame(per_depth),
+            "pointwise": pointwise_phi(best, res.law), "matched": grid_matched(best),
             "subsets": pd.DataFrame(sub), "best_weight_decay": table}
 
 
