@@ -201,8 +201,14 @@ def auto_micro_batch(cfg: ModelConfig, rows_per_process: int, free_bytes: float,
 def prefer_expandable_segments():
     """Let CUDA's caching allocator grow its segments in place, unless the user set its options:
     memory freed by an out-of-memory halving is then found again in one piece, not as fragments.
-    Call it before torch is imported (the allocator reads the variable once, at CUDA's first use)."""
-    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    The allocator reads the variable at CUDA's first use; where CUDA is already up (a notebook
+    that trains in-process) the setting is applied to the running allocator instead."""
+    if "PYTORCH_CUDA_ALLOC_CONF" in os.environ:
+        return
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    torch = sys.modules.get("torch")  # never imported here: a dry run needs no torch
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.memory._set_allocator_settings("expandable_segments:True")
 
 
 def device_free_bytes(device=None) -> int | None:

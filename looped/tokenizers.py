@@ -99,14 +99,40 @@ def vocabulary_digest(tok) -> dict:
     return {"vocab_size": len(vocab), "vocab": sha(f"{t}\t{i}" for t, i in vocab), "merges": sha(merges)}
 
 
+# The second route, for a copy whose file differs from the npm data (merges written in another
+# order by another converter, say) but which tokenizes as Llama-2 does: these texts' ids, BOS
+# dropped, are llama-tokenizer-js 1.2.2's own test vectors (checked there against sentencepiece):
+# leading spaces, newlines, tabs, CJK and byte fallback.
+LLAMA2_ENCODINGS = [
+    ("grabbed", [2646, 1327, 287]), (" grabbed", [29871, 2646, 1327, 287]),
+    ("           grabbed", [9651, 2646, 1327, 287]), ("\n", [29871, 13]), (" \n", [259, 13]),
+    ("\ttabs\t\t\t\tout here", [29871, 12, 21175, 12, 12, 12, 12, 449, 1244]),
+    ("ax\n####\nboo", [4853, 13, 4136, 13, 833, 29877]), ("\u9547", [29871, 30411]),
+    ("\U0001f999", [29871, 243, 162, 169, 156]),
+    ("\U0001f999\ua64a", [29871, 243, 162, 169, 156, 237, 156, 141]),
+    ("\ua64a\U0001f999", [29871, 237, 156, 141, 243, 162, 169, 156]),
+]
+
+
+def encodes_as_llama2(tok) -> bool:
+    """Whether `tok` gives Llama-2's ids for every text of LLAMA2_ENCODINGS."""
+    try:
+        got = tok.encode_batch([text for text, _ in LLAMA2_ENCODINGS])
+    except Exception:  # noqa: BLE001 - a tokenizer that cannot encode them is not Llama-2's
+        return False
+    return [list(ids) for ids in got] == [ids for _, ids in LLAMA2_ENCODINGS]
+
+
 def check_llama2(tok, name) -> None:
-    """The paper preset trains on Llama-2's vocabulary: refuse any other tokenizer in one line."""
+    """The paper preset trains on Llama-2's vocabulary: a tokenizer passes on its digest, or on
+    Llama-2's size and encodings of fixed texts; any other is refused in one line."""
     got = vocabulary_digest(tok)
-    if got != LLAMA2_DIGEST:
-        what = "vocabulary" if got["vocab"] != LLAMA2_DIGEST["vocab"] else "merge list"
-        raise DataError(f"{name}: not Llama-2's tokenizer (its {what} differs: {got['vocab_size']} tokens, "
-                        f"vocab sha256 {got['vocab'][:12]}); the paper preset needs a copy of "
-                        "meta-llama/Llama-2-7b-hf's tokenizer.json")
+    if got == LLAMA2_DIGEST or got["vocab_size"] == LLAMA2_DIGEST["vocab_size"] and encodes_as_llama2(tok):
+        return
+    what = "vocabulary" if got["vocab"] != LLAMA2_DIGEST["vocab"] else "merge list"
+    raise DataError(f"{name}: not Llama-2's tokenizer (its {what} differs: {got['vocab_size']} tokens, "
+                    f"vocab sha256 {got['vocab'][:12]}, and it does not encode the reference texts as "
+                    "Llama-2 does); the paper preset needs a copy of meta-llama/Llama-2-7b-hf's tokenizer.json")
 
 
 def hf_tokenizer(name_or_path: str | os.PathLike = "meta-llama/Llama-2-7b-hf"):

@@ -190,6 +190,7 @@ def evaluate(model, dataset, rows: int, micro: int, dd: Dist, autocast) -> float
 
 def train(tc: TrainConfig) -> dict:
     """Train one configuration; returns (and, with `out`, writes) its run record."""
+    memory.prefer_expandable_segments()  # in-process callers (notebooks) too, not only the CLIs
     cfg = tc.model_config()
     preset = get_preset(tc.preset)
     batch_tokens = tc.batch_tokens or preset.batch_tokens

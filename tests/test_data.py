@@ -375,3 +375,25 @@ def test_the_paper_preset_takes_only_llama2s_vocabulary(tmp_path, monkeypatch):
     digest = tokenizers.vocabulary_digest(stand_in)
     assert digest == tokenizers.vocabulary_digest(D.load_tokenizer(tmp_path / "tokenizer.json"))
     assert len(digest["vocab"]) == len(digest["merges"]) == 64 and digest["vocab_size"] <= 300
+
+
+def test_a_llama2_copy_with_another_digest_passes_on_its_encodings(tmp_path, monkeypatch):
+    """The second route: a tokenizer whose digest differs (another converter's merge order) but
+    which has Llama-2's size and encodes the fixed texts to Llama-2's ids is accepted; one id off
+    and it is refused in one line.  A small local BPE stands in for Llama-2 (nothing downloaded)."""
+    from looped import tokenizers
+    write_corpus(tmp_path / "fw")
+    D.train_bpe(D.fineweb_texts(tmp_path / "fw"), 300).save(tmp_path)
+    stand_in = D.load_tokenizer(tmp_path / "tokenizer.json")
+    texts = [t for t, _ in tokenizers.LLAMA2_ENCODINGS]
+    ids = stand_in.encode_batch(texts)
+    assert len(texts) >= 10 and all(i < 32000 for _, v in tokenizers.LLAMA2_ENCODINGS for i in v)
+    monkeypatch.setattr(tokenizers, "LLAMA2_DIGEST", {**tokenizers.vocabulary_digest(stand_in), "merges": "0" * 64})
+    monkeypatch.setattr(tokenizers, "LLAMA2_ENCODINGS", list(zip(texts, ids)))
+    tokenizers.check_llama2(stand_in, "reordered copy")  # digest differs, encodings agree
+    wrong = [list(v) for v in ids]
+    wrong[0][0] += 1
+    monkeypatch.setattr(tokenizers, "LLAMA2_ENCODINGS", list(zip(texts, wrong)))
+    with pytest.raises(D.DataError, match="merge list differs.*does not encode the reference texts") as e:
+        tokenizers.check_llama2(stand_in, "reordered copy")
+    assert "\n" not in str(e.value)

@@ -522,3 +522,22 @@ def test_no_cxx_compiler_falls_back_to_the_eager_step(tiny_data, tmp_path, monke
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     rec = train(TrainConfig(**{**BASE, "compile": True}, steps=3))
     assert rec["status"] == "ok" and rec["compile"] is False and "C++ compiler" in rec["compile_error"]
+
+
+def test_training_in_process_prefers_expandable_segments(tiny_data, monkeypatch):
+    """A notebook that calls train() gets expandable segments as the CLIs do: before CUDA's first
+    use through the variable, after it through the running allocator; a user's setting stays."""
+    from looped import memory
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    train(TrainConfig(**BASE, steps=1))
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128")
+    train(TrainConfig(**BASE, steps=1))
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128"
+    applied = []  # CUDA already initialised (simulated): the running allocator is told
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", applied.append)
+    memory.prefer_expandable_segments()
+    assert applied == ["expandable_segments:True"]
