@@ -8,6 +8,21 @@
 # overrun are skipped), GRACE_S (60: a phase still running at BUDGET_S + GRACE_S is interrupted),
 # PY (the repository's .venv if present, else python3).  Exit status: the check's (0: all checks hold).
 # CPU dry run in seconds: PRESET=tiny COMPILE=0 OUT=/tmp/dc bash tools/device_check.sh
+# Expected phase times on an H200 or H100 (paper preset; estimates, not yet measured), cumulative:
+#   start, imports, CUDA init, nvidia-smi ............................. 10-15 s    15
+#   env, gemm (clock warm-up; n = 4096, 8192) .......................... 5 s        20
+#   data (synthetic rows), correctness (fp32 vs bf16) .................. 6-8 s      28
+#   muon, sdpa ......................................................... 6-10 s     38
+#   throughput eager r4, r1 (s = 10, 6 steps of 2^18 tokens) ........... 20-25 s    63
+#   oom (real OOM: 128 rows at s = 10 r = 1, halved to what fits) ...... 15-25 s    88
+#   grid (eager, s = 4, 14 x r = 1, 8) ................................. 25-35 s    123
+#   resume (eager, 3 runs at s = 6) .................................... 15-20 s    143
+#   compiled (cold compile, s = 10 r = 4) .............................. 60-150 s   203-293
+#   throughput r4 compiled (inductor cache hit) ........................ 20-35 s    223-328
+#   resume_compiled (s = 10 r = 4, 2 compiled runs from the cache) ..... 30-50 s    253-378
+#   compiled_by_width (r = 1 at s = 4, 14; cold, each only if 70 s left)  0-140 s    <= 420
+#   r_sweep (only if budget is left) ................................... 0-40 s     <= 420
+# The budget (420 s) skips what no longer fits; the hard stop is BUDGET_S + GRACE_S (+20 s kill).
 set -uo pipefail
 DC_T0=$(date +%s.%N)
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

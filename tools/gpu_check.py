@@ -11,9 +11,13 @@ start, so imports and compiles are in it) skips any phase whose estimate no long
   muon, sdpa   Polar Express and a MuonH step on the device vs fp32/fp64 references; the SDPA kernel
   throughput   the real trainer, r = 1 and 4 at s = 10: tokens/s, MFU (vs spec and vs the GEMM),
                peak memory vs looped.memory's prediction; step 0 and compile excluded
-  grid         eager MFU at gpu-main's widths (s = 4, 8, 14; r = 1, 8): `mfu_eager_by_width`
+  oom          a real CUDA out-of-memory: s = 10, r = 1 started at the whole 128-row step must halve
+               to what fits, give the memory back and finish (simulated on the CPU)
+  grid         eager MFU at gpu-main's widths (s = 4, 14; r = 1, 8): `mfu_eager_by_width`
   resume       straight run vs stopped at half way and resumed from the checkpoint
-  compiled     bf16 eager vs the compiled step (loss, gradients), then compiled throughput
+  compiled     bf16 eager vs the compiled step (loss, gradients), then compiled throughput (r = 4),
+               a compiled stop-and-resume on that shape (inductor's cache), compiled r = 1 at
+               s = 4 and 14 while the budget lasts: `mfu_compiled_by_width`
   r_sweep      if time is left: r = 1, 2, 4, 8 at s = 6 for 100 steps, loss curves
 
 Exit status 0 when no phase raised and every check holds (a skipped phase is no failure).
@@ -53,14 +57,17 @@ DEV = torch.device("cuda" if CUDA else "cpu")
 # Sizes per preset: the paper's at T = 2048 on the GPU, a toy version for the CPU.
 #   est: seconds a phase is expected to take on its device (the budget guard's estimate)
 PLANS = {
-    "paper": dict(s=10, gemm_n=(4096, 8192), timed=5, grid_s=(4, 8, 14), grid_steps=4, small_s=6, small_rows=32,
-                  resume_steps=30, sweep_steps=100, sweep_log=10, loss_fall=2.0,
-                  est=dict(gemm=8, data=5, correctness=15, muon=5, sdpa=5, throughput=20, grid_run=12, resume=30,
-                           compiled=150, compiled_r4=45, compiled_r1=130, sweep_run=40)),
+    "paper": dict(s=10, gemm_n=(4096, 8192), timed=5, grid_s=(4, 14), grid_steps=4, small_s=6, small_rows=32,
+                  resume_steps=30, compiled_resume_steps=12, compiled_s=(4, 14), sweep_steps=100, sweep_log=10,
+                  loss_fall=2.0,
+                  est=dict(gemm=8, data=5, correctness=15, muon=5, sdpa=5, throughput=20, oom=25, grid_run=12,
+                           resume=30, compiled=150, compiled_r4=45, compiled_resume=50, compiled_width=70,
+                           sweep_run=40)),
     "tiny": dict(s=2, gemm_n=(256, 512), timed=2, grid_s=(2, 4), grid_steps=2, small_s=2, small_rows=8,
-                 resume_steps=12, sweep_steps=20, sweep_log=5, loss_fall=0.05,
-                 est=dict(gemm=1, data=1, correctness=1, muon=1, sdpa=1, throughput=1, grid_run=1, resume=2,
-                          compiled=60, compiled_r4=45, compiled_r1=45, sweep_run=1)),
+                 resume_steps=12, compiled_resume_steps=6, compiled_s=(4,), sweep_steps=20, sweep_log=5,
+                 loss_fall=0.05,
+                 est=dict(gemm=1, data=1, correctness=1, muon=1, sdpa=1, throughput=1, oom=2, grid_run=1, resume=2,
+                          compiled=60, compiled_r4=45, compiled_resume=45, compiled_width=45, sweep_run=1)),
 }
 MEMORY_BAND = (0.85, 1.15)  # eager peak / predicted peak, two-sided
 
@@ -92,7 +99,8 @@ class DeviceCheck:
         self.res = {"config": {"preset": a.preset, "s": self.s, "budget_s": a.budget_s, "compile": a.compile,
                                "out": str(self.out), "work": str(self.work), "spec_key": spec and spec[0],
                                "spec_flops": self.spec},
-                    "env": {}, "phases": {}, "checks": {}, "mfu_eager_by_width": {}, "mfu_main_width": {"s": self.s}}
+                    "env": {}, "phases": {}, "checks": {}, "mfu_eager_by_width": {}, "mfu_compiled_by_width": {},
+                    "mfu_main_width": {"s": self.s}}
 
     # ------------------------------------------------------------------ plumbing
     def left(self) -> float:
@@ -312,6 +320,8 @@ class DeviceCheck:
                    first_step_s=rec["first_step_seconds"], loss_curve=rec["train_loss_curve"])
         path = "compiled" if compiled else "eager"
         self.res["mfu_main_width"].setdefault(path, {})[f"r{r}"] = out["mfu"]
+        if compiled:
+            self.res["mfu_compiled_by_width"].setdefault(f"s{self.s:g}", {})[f"r{r}"] = out["mfu"]
         ratio = out["peak_over_predicted"]
         if ratio is not None:  # CUDA only: on the CPU the peak is the process's resident size
             # the prediction is the eager step's (looped.memory): two-sided there; the compiled
@@ -355,27 +365,85 @@ class DeviceCheck:
         self.check("grid_runs_ok", all(x["status"] == "ok" for x in rows))
         return {"rows": rows}
 
-    def resume(self):
-        """Eager, r = 4: N steps straight vs N/2, a checkpoint, a stop, and a resume to N."""
+    def resume(self, compiled=False):
+        """r = 4: N steps straight (eager) vs N/2, a checkpoint, a stop, and a resume to N.  The
+        compiled stop and resume run the `compiled` phase's shape (s = 10, its micro-batch, one
+        micro-batch a step), so inductor's cache spares them a cold compile."""
         p = self.plan
-        n, half, ck = p["resume_steps"], p["resume_steps"] // 2, self.work / "resume.pt"
+        if compiled:
+            s, n = self.s, p["compiled_resume_steps"]
+            rows = trainer.first_micro_batch(model_config(self.a.preset, r=4, s=s), self.rows, DEV)
+        else:
+            s, n, rows = p["small_s"], p["resume_steps"], p["small_rows"]
+        half, ck = n // 2, self.work / "resume.pt"
         ck.unlink(missing_ok=True)
-        kw = dict(r=4, s=p["small_s"], steps=n, batch_tokens=p["small_rows"] * self.T, log_every=1,
-                  checkpoint_seconds=0)
+        kw = dict(r=4, s=s, steps=n, batch_tokens=rows * self.T, log_every=1, checkpoint_seconds=0)
         a = self.train(**kw)
-        first = self.train(**kw, checkpoint=str(ck), checkpoint_every=half, stop_after=half)
+        first = self.train(**kw, compile=compiled, checkpoint=str(ck), checkpoint_every=half, stop_after=half)
         saved = ck.stat().st_size if ck.exists() else None
-        b = self.train(**kw, checkpoint=str(ck), checkpoint_every=half)
+        b = self.train(**kw, compile=compiled, checkpoint=str(ck), checkpoint_every=half)
         ck.unlink(missing_ok=True)
         ca, cb = dict(map(tuple, a["train_loss_curve"])), dict(map(tuple, b["train_loss_curve"]))
-        diff = max(abs(ca[k] - cb[k]) for k in cb if k in ca and k >= half)
-        tol = 2e-2 if CUDA else 1e-4  # GPU kernels (flash's dq, atomics) are not bitwise deterministic
-        ok = first.get("status") == "stopped" and bool(saved) and b["status"] == "ok" and diff < tol \
-            and abs(a["loss"] - b["loss"]) < tol
-        self.check("resume_matches_straight_run", ok)
-        return {"s": p["small_s"], "steps": n, "stopped_at": first.get("step"), "checkpoint_bytes": saved,
-                "val_straight": a["loss"], "val_resumed": b["loss"], "max_curve_diff_after_resume": diff,
-                "curve_straight": a["train_loss_curve"][::max(1, n // 10)]}
+        diffs = [abs(ca[k] - cb[k]) for k in cb if k in ca and k >= half and None not in (ca[k], cb[k])]
+        diff = max(diffs) if diffs else None
+        # GPU kernels (flash's dq, atomics) are not bitwise deterministic; compiled vs eager is bf16 rounding
+        tol = 5e-2 if compiled else 2e-2 if CUDA else 1e-4
+        ok = first.get("status") == "stopped" and bool(saved) and b["status"] == "ok" and diff is not None \
+            and diff < tol and None not in (a["loss"], b["loss"]) and abs(a["loss"] - b["loss"]) < tol \
+            and b["compile"] == compiled
+        self.check("resume_matches_straight_run" + ("_compiled" if compiled else ""), ok)
+        return {"s": s, "steps": n, "rows": rows, "compiled": b["compile"], "stopped_at": first.get("step"),
+                "checkpoint_bytes": saved, "val_straight": a["loss"], "val_resumed": b["loss"],
+                "max_curve_diff_after_resume": diff, "curve_straight": a["train_loss_curve"][::max(1, n // 10)]}
+
+    def oom(self):
+        """A forced out-of-memory: the run starts at the whole step (the paper's 128 rows at s = 10,
+        r = 1: about 4x what fits) and the trainer must halve, redo the step and finish, with the
+        memory given back.  On the CPU a forward above a quarter of the rows raises instead."""
+        first_mb, forward, rows = trainer.first_micro_batch, LoopedGPT.forward, self.rows
+        trainer.first_micro_batch = lambda cfg, n, device: n
+
+        def simulated(model, idx, targets=None):
+            if targets is not None and model.training and idx.shape[0] > max(1, rows // 4):
+                raise torch.OutOfMemoryError("CUDA out of memory (simulated on the CPU)")
+            return forward(model, idx, targets)
+        if not CUDA:
+            LoopedGPT.forward = simulated
+        before = torch.cuda.memory_allocated() if CUDA else None
+        t = time.time()
+        try:
+            rec = self.train(r=1, s=self.s, steps=2, log_every=1)
+        finally:
+            trainer.first_micro_batch, LoopedGPT.forward = first_mb, forward
+        wall = time.time() - t
+        gc.collect()
+        after = torch.cuda.memory_allocated() if CUDA else None
+        hist = rec["micro_batch_history"]
+        cfg = model_config(self.a.preset, r=1, s=self.s)
+        out = {"status": rec["status"], "micro_batch_history": hist, "halvings": len(hist) - 1,
+               "wall_s": round(wall, 1), "first_step_s": rec["first_step_seconds"],
+               "allocated_before": before, "allocated_after": after,
+               "predicted_micro_batch": trainer.first_micro_batch(cfg, rows, DEV),
+               "peak_memory_bytes": rec["peak_memory_bytes"] if rec["peak_memory_scope"] == "run" else None}
+        self.check("oom_halves_and_finishes", rec["status"] == "ok" and len(hist) > 1 and hist[-1][1] < rows)
+        if CUDA:  # what the run held is back (a sweep's next run chooses from the free memory)
+            total = torch.cuda.get_device_properties(DEV).total_memory
+            self.check("oom_memory_returned", after - before < 0.02 * total)
+        return out
+
+    def compiled_by_width(self):
+        """Compiled MFU of the real trainer at r = 1 and other widths (each a cold compile), while
+        the budget lasts: the dry run's cost assumes the compiled step."""
+        rows, p = [], self.plan
+        for s in p["compiled_s"]:
+            if self.left() < p["est"]["compiled_width"]:
+                return {"rows": rows, "stopped": "budget"}
+            rec = self.train(r=1, s=s, steps=1 + p["timed"], compile=True, log_every=1)
+            rows.append({**self.speed(rec, model_config(self.a.preset, r=1, s=s)), "compile": rec["compile"],
+                         "first_step_s": rec["first_step_seconds"]})
+            self.res["mfu_compiled_by_width"].setdefault(f"s{s:g}", {})["r1"] = rows[-1]["mfu"]
+        self.check("compiled_by_width_ran", all(x["status"] == "ok" and x["compile"] for x in rows))
+        return {"rows": rows}
 
     def compiled_step(self):
         """bf16 eager vs the fast path (train.fast_model: fused loss tail + torch.compile) on the
@@ -429,12 +497,14 @@ class DeviceCheck:
         self.phase("sdpa", self.sdpa)
         for r in (4, 1):
             self.phase(f"throughput_r{r}_eager", self.throughput, r, False, est=est["throughput"])
+        self.phase("oom", self.oom)
         self.phase("grid", self.grid, est=est["grid_run"] * 2)
         self.phase("resume", self.resume)
         if self.a.compile:
             self.phase("compiled", self.compiled_step)
-            for r in (4, 1):
-                self.phase(f"throughput_r{r}_compiled", self.throughput, r, True, est=est[f"compiled_r{r}"])
+            self.phase("throughput_r4_compiled", self.throughput, 4, True, est=est["compiled_r4"])
+            self.phase("resume_compiled", self.resume, True, est=est["compiled_resume"])
+            self.phase("compiled_by_width", self.compiled_by_width, est=est["compiled_width"])
         self.phase("r_sweep", self.r_sweep, est=est["sweep_run"])
         return self.finish()
 
@@ -447,42 +517,65 @@ class DeviceCheck:
         return 0 if self.res["ok"] else 1
 
     def summary(self) -> str:
-        r, f = self.res, (lambda x, fmt=".3f": "-" if x is None else format(x, fmt))
-        e = r["env"]
+        """summary.txt: every number through f(), and a phase whose line cannot be written (a
+        diverged run's None where a figure was expected) says so instead of losing the file."""
+        r = self.res
+
+        def f(x, fmt=".3f"):
+            try:
+                return "-" if x is None else format(x, fmt)
+            except (TypeError, ValueError):
+                return str(x)
+        e = r.get("env") or {}
         lines = [f"device {e.get('device')}  torch {e.get('torch')}  cuda {e.get('cuda')}  "
                  f"elapsed {r.get('elapsed_s')}s of {self.a.budget_s:.0f}s  spec {f(self.spec, '.3g')} FLOP/s",
                  f"GEMM TFLOP/s (median) {json.dumps(r.get('gemm_tflops', {}))}"]
         for k, v in r["phases"].items():
-            if "skipped" in v or "error" in v:
-                lines.append(f"{k}: {'SKIPPED ' + v['skipped'] if 'skipped' in v else 'ERROR ' + v['error'][:200]}")
-            elif k.startswith("throughput"):
-                lines.append(f"{k:24s} micro {v['micro_batch']:3d}  tok/s {f(v['tokens_per_s'], ',.0f')}  MFU spec "
-                             f"{f(v['mfu_vs_spec'])} gemm {f(v['mfu_vs_gemm'])}  first step "
-                             f"{f(v['first_step_s'], '.1f')}s  peak/pred {f(v['peak_over_predicted'], '.2f')}")
-            elif k in ("correctness", "compiled"):
-                lines.append(f"{k}: loss rel diff {v['loss_rel_diff']:.2e}, grad cosine {v['grad_cosine']:.5f}")
-            elif k == "muon":
-                muon = [round(x, 4) for x in v["muon_step_cosine_vs_fp32"]]
-                lines.append(f"polar express cos vs exact {v['cosine_device_vs_exact']:.4f} (fp32 "
-                             f"{v['cosine_fp32_vs_exact']:.4f}); MuonH step cos vs fp32 {muon}")
-            elif k == "sdpa":
-                lines.append(f"sdpa ops {v['sdpa_ops']} kernels {v['attention_kernels'][:3]}")
-            elif k == "resume":
-                lines.append(f"resume: val {v['val_straight']:.4f} straight vs {v['val_resumed']:.4f} resumed")
-            elif k == "grid":
-                for x in v["rows"]:
-                    lines.append(f"grid s={x['s']:<4g} r={x['r']} micro {x['micro_batch']:3d}  MFU {f(x['mfu'])}"
-                                 f"  peak/pred {f(x['peak_over_predicted'], '.2f')}")
-            elif k == "r_sweep":
-                lines.append("r_sweep val " + json.dumps({q: round(w["val"] or 0, 3) for q, w in v.items()
-                                                          if isinstance(w, dict)}))
-        lines.append("mfu_eager_by_width " + json.dumps(r["mfu_eager_by_width"]))
+            try:
+                lines += self.phase_lines(k, v, f)
+            except Exception as ex:  # noqa: BLE001 - the summary must survive any phase's record
+                lines.append(f"{k}: (no summary line: {type(ex).__name__}: {ex})"[:300])
+        lines.append("mfu_eager_by_width " + json.dumps(r.get("mfu_eager_by_width")))
+        lines.append("mfu_compiled_by_width " + json.dumps(r.get("mfu_compiled_by_width")))
         bad = [k for k, v in r["checks"].items() if not v]
         lines.append(f"checks {sum(r['checks'].values())}/{len(r['checks'])} pass" + (f"; FAILED {bad}" if bad else ""))
         if "ok" in r:
             lines.append(f"OK {r['ok']}  errors {r['errors']}  skipped {r['skipped']}"
                          + (f"  INTERRUPTED {r['interrupted']}" if "interrupted" in r else ""))
         return "\n".join(lines) + "\n"
+
+    @staticmethod
+    def phase_lines(k, v, f) -> list[str]:
+        """The summary lines of phase `k` (its record `v`); f formats a number or None."""
+        lines = []
+        if "skipped" in v or "error" in v:
+            lines.append(f"{k}: {'SKIPPED ' + v['skipped'] if 'skipped' in v else 'ERROR ' + v['error'][:200]}")
+        elif k.startswith("throughput"):
+            lines.append(f"{k:24s} micro {f(v['micro_batch'], '3d')}  tok/s {f(v['tokens_per_s'], ',.0f')}  MFU spec "
+                         f"{f(v['mfu_vs_spec'])} gemm {f(v['mfu_vs_gemm'])}  first step "
+                         f"{f(v['first_step_s'], '.1f')}s  peak/pred {f(v['peak_over_predicted'], '.2f')}")
+        elif k in ("correctness", "compiled"):
+            lines.append(f"{k}: loss rel diff {f(v['loss_rel_diff'], '.2e')}, grad cosine {f(v['grad_cosine'], '.5f')}")
+        elif k == "muon":
+            muon = [f(x, ".4f") for x in v["muon_step_cosine_vs_fp32"]]
+            lines.append(f"polar express cos vs exact {f(v['cosine_device_vs_exact'], '.4f')} (fp32 "
+                         f"{f(v['cosine_fp32_vs_exact'], '.4f')}); MuonH step cos vs fp32 {muon}")
+        elif k == "sdpa":
+            lines.append(f"sdpa ops {v['sdpa_ops']} kernels {v['attention_kernels'][:3]}")
+        elif k.startswith("resume"):
+            lines.append(f"{k}: val {f(v['val_straight'], '.4f')} straight vs {f(v['val_resumed'], '.4f')} "
+                         f"resumed, max curve diff {f(v['max_curve_diff_after_resume'], '.2e')}")
+        elif k == "oom":
+            lines.append(f"oom: {v['status']}, micro-batch history {v['micro_batch_history']}, "
+                         f"{f(v['wall_s'], '.1f')}s, allocated after {f(v['allocated_after'], ',.0f')} B")
+        elif k in ("grid", "compiled_by_width"):
+            for x in v["rows"]:
+                lines.append(f"{k} s={f(x['s'], '<4g')} r={x['r']} micro {f(x['micro_batch'], '3d')}  "
+                             f"MFU {f(x['mfu'])}  peak/pred {f(x['peak_over_predicted'], '.2f')}")
+        elif k == "r_sweep":
+            lines.append("r_sweep val " + json.dumps({q: None if w.get("val") is None else round(w["val"], 3)
+                                                      for q, w in v.items() if isinstance(w, dict)}))
+        return lines
 
 
 def parse(argv=None):
