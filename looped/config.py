@@ -158,10 +158,11 @@ def width(preset: Preset | str, s: float) -> int:
 def size_note(preset: Preset | str, s: float) -> str | None:
     """None where size `s` gives its width exactly; else a sentence saying which width it gets
     (d = width_per_s * s rounded up to a multiple of width_round), for a warning: a run keeps s in
-    its record and name, with the rounded model's d_model and parameter counts."""
+    its record and name, with the rounded model's d_model and parameter counts.  A size below the
+    preset's narrowest model (d = width_round; the tests' tiny s = 1) gets that model unannounced."""
     p = get_preset(preset)
     d = width(p, s)
-    if d == p.width_per_s * s:
+    if d == p.width_per_s * s or d == p.width_round:
         return None
     return (f"size {s:g} gives d_model {d} on preset {p.name} (d = {p.width_per_s} s rounded up to a multiple "
             f"of {p.width_round}; sizes that need no rounding: multiples of {p.width_round / p.width_per_s:g})")
