@@ -156,3 +156,12 @@ def test_numbers_laid_out_otherwise_are_checked_under_their_recorded_names():
     assert any(line.startswith("phi_lo") for line in lines) and "0.2" not in table.text
     only_rows = Table(frame, exact=frame[frame.estimate == "fit"][["estimate", "phi"]])
     assert "2.5%" not in only_rows.text and "0.450" in only_rows.text
+
+
+def test_a_claim_that_no_longer_holds_fails_the_reference_run_and_is_noted_elsewhere():
+    from looped.report import checks
+    assert checks.claims({"phi lies above the paper's": True}) is None
+    with pytest.raises(checks.ClaimFailed, match="lies below"):
+        checks.claims({"phi lies above the paper's": True, "phi_2 lies below phi_8": False})
+    note = checks.claims({"phi_2 lies below phi_8": False}, active=False)
+    assert "phi_2 lies below phi_8" in note.data and "reference runs" in note.data

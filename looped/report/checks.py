@@ -28,7 +28,7 @@ from pathlib import Path
 from ..config import REPO
 from ..io import atomic_write_json
 
-__all__ = ["ReferenceMismatch", "compare", "checked", "near", "tolerance_text"]
+__all__ = ["ClaimFailed", "ReferenceMismatch", "claims", "compare", "checked", "near", "tolerance_text"]
 
 # Tolerances of fitted laws: how far a number may move on another machine (another BLAS kernel,
 # another summation order) without a change in the code or the data.  Bootstrap percentiles of
@@ -44,6 +44,27 @@ RECORD_ENV = "LOOPED_RECORD_CHECKS"          # "1": record the measured values a
 
 class ReferenceMismatch(AssertionError):
     """A checked number lies outside the tolerance of its reference value."""
+
+
+class ClaimFailed(AssertionError):
+    """A sentence of a chapter's prose no longer follows from the numbers it was written for."""
+
+
+def claims(said: dict, active: bool = True):
+    """Guard the sentences of a chapter: ``said`` maps what the Markdown says (a short quote) to
+    whether the numbers still support it.  On the run the prose was written for (``active``) a
+    false claim raises `ClaimFailed`, so a rebuild cannot publish it; on any other run (a GPU
+    study through papermill) it returns a note (Markdown, shown by the cell) naming the sentences
+    that do not hold there.  Returns None, so the cell shows nothing, when every claim holds."""
+    false = [what for what, holds in said.items() if not bool(holds)]
+    if not false:
+        return None
+    if active:
+        raise ClaimFailed("the text says " + "; ".join(repr(w) for w in false)
+                          + ", which the numbers no longer support")
+    from IPython.display import Markdown
+    return Markdown("**Note:** the text around this cell was written for our reference runs; on these runs it does "
+                    "not hold that " + "; ".join(false) + ".")
 
 
 def tolerance_text(tol) -> str:

@@ -61,3 +61,28 @@ def protocol_shift(*tables) -> dict:
     d = (per["permuted"] - per["fixed"]).dropna()
     se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else math.nan
     return dict(shift=float(d.mean()), se=se, t=float(d.mean() / se), n_configs=len(d), n_below=int((d < 0).sum()))
+
+
+def seed_and_order(*tables) -> dict:
+    """Attribute the protocol shift (the `cpu-order` design): at each configuration with seed 42
+    and seed 43 each under the fixed order and under its own permuted order, the effect of the
+    order (permuted minus fixed, per seed) and of the seed (43 minus 42, per order).  Each is the
+    mean over configurations in nats with its SE, t and count; n_configs 0 until such runs exist."""
+    runs = _replicates(*tables)
+    runs = runs.assign(seed=runs["seed"].fillna(42).astype(int))
+    cell = runs.groupby(["config", "seed", "protocol"])["loss"].mean().unstack(["seed", "protocol"])
+    need = [(42, "fixed"), (42, "permuted"), (43, "fixed"), (43, "permuted")]
+    full = cell[[c for c in need if c in cell.columns]].dropna() if set(need) <= set(cell.columns) else cell.iloc[:0]
+
+    def effect(d):
+        n = len(d)
+        se = float(d.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan
+        return dict(mean=float(d.mean()) if n else math.nan, se=se, t=float(d.mean()) / se if n > 1 else math.nan, n=n)
+
+    if not len(full):
+        return dict(n_configs=0)
+    return dict(n_configs=len(full),
+                order_at_seed42=effect(full[(42, "permuted")] - full[(42, "fixed")]),
+                order_at_seed43=effect(full[(43, "permuted")] - full[(43, "fixed")]),
+                seed_at_fixed_order=effect(full[(43, "fixed")] - full[(42, "fixed")]),
+                seed_at_permuted_order=effect(full[(43, "permuted")] - full[(42, "permuted")]))

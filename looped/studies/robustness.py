@@ -31,9 +31,9 @@ from ..fit import FitError, fit, load_runs
 from ..io import atomic_write_json, json_ready
 from ..solver import LAW_PARAMS, RunArrays, law_loss
 from .multifit import FIVE, NAN2, _cells, _rmse, check_runs, fit_multi, onehot
-from .paper import PAPER_DIR, PAPER_LAW, paper_grid, paper_table, runs_from_minima
+from .paper import PAPER_DIR, PAPER_LAW, design_of, paper_grid, paper_table, runs_from_minima
 from .registry import STUDIES, load_study
-from .replicates import protocol_shift, replicate_sd
+from .replicates import protocol_shift, replicate_sd, seed_and_order
 
 RESULTS = REPO / "runs" / "analysis" / "robustness.json"   # what `looped robustness` wrote, committed
 HOLDOUT_COLUMNS = ["budget", "n_runs", "mean_error", "rmse", "rmse_over_seed_sd"]
@@ -291,6 +291,7 @@ def goodness_of_fit(df, seed_df=None, restarts=500, seed=0, n_params=6, drift=No
         rmse=_rmse(e),
         cell_sd=float(cell_means.std(ddof=1)),   # SD of the (budget, r) cells' mean residual: the misfit's scale
         seed42=protocol_shift(df, seeds),
+        seed_order=seed_and_order(df, seeds),   # the cpu-order runs, once trained
         resid_sd=math.sqrt(var),
         **rep,
         rmse_over_seed_sd=_rmse(e) / rep["seed_sd"],
@@ -371,16 +372,18 @@ QUICK = dict(restarts=50, bootstrap=20, boot_restarts=4, multi_restarts=16, mult
 
 
 
-def run_all(df, seed_df, s: dict, seed=0, drift=None) -> dict:
+def run_all(df, seed_df, s: dict, seed=0, drift=None, planned=None) -> dict:
     """Every study with settings `s` (FULL or QUICK), `drift` runs where each study uses them; the
-    seconds each took under 'seconds'."""
+    seconds each took under 'seconds'.  `planned`: the design of the drift study once complete
+    (budget, r, n_once, n_rec, tokens), for the trend's SE and power with its budgets added."""
     kw = dict(restarts=s["restarts"], bootstrap=s["bootstrap"], seed=seed, boot_restarts=s["boot_restarts"],
               multi_restarts=s["multi_restarts"], multi_boot_restarts=s["multi_boot_restarts"])
     out, sec, t = {}, {}, time.perf_counter()
 
-    def lap(name, value):
+    def lap(name, value):   # one line on stderr per finished study: minutes of work are not silent
         nonlocal t
         out[name], sec[name], t = value, time.perf_counter() - t, time.perf_counter()
+        print(f"looped robustness: {name.replace('_', ' ')} done ({sec[name]:.0f} s)", file=sys.stderr, flush=True)
 
     lap("goodness_of_fit", goodness_of_fit(df, seed_df, restarts=s["restarts"], seed=seed, drift=drift))
     lap("robustness", robustness_table(df, drift=drift, **kw))
@@ -389,9 +392,15 @@ def run_all(df, seed_df, s: dict, seed=0, drift=None) -> dict:
     noise = g["seed_sd"] if math.isfinite(g["seed_sd"]) else g["rmse"]
     trend = out["phi_vs_compute"]["trend"].set_index("data").loc["ours"]
     sim = trend_simulation(add_budgets(df, drift)[0], g["law"], g["cell_sd"], noise, s["trend_draws"], seed=seed)
-    lap("drift_calibration", dict(sim, phi1=trend.phi1, z=trend.phi1 / sim["se"], jack_se=trend.phi1_jack_se,
-                                  power_at_estimate=power(trend.phi1, sim["se"]),
-                                  power_at_half=power(trend.phi1 / 2, sim["se"])))
+    cal = dict(sim, phi1=trend.phi1, z=trend.phi1 / sim["se"], jack_se=trend.phi1_jack_se,
+               power_at_estimate=power(trend.phi1, sim["se"]), power_at_half=power(trend.phi1 / 2, sim["se"]))
+    if planned is not None and len(planned):
+        future = pd.concat([df, planned.assign(loss=1.0)], ignore_index=True)
+        sim = trend_simulation(future, g["law"], g["cell_sd"], noise, s["trend_draws"], seed=seed)
+        cal["planned"] = dict(se=sim["se"], budgets=sorted(set(planned["budget"])),
+                              power_at_estimate=power(trend.phi1, sim["se"]),
+                              power_at_half=power(trend.phi1 / 2, sim["se"]))
+    lap("drift_calibration", cal)
     pres = paper_table("joint_fit_residuals")      # the paper's residual RMSE as its noise
     scenarios = {"ours": (df, g["law"], noise, g["cell_sd"]),
                  "paper": (paper_design(), published_law(),
@@ -407,7 +416,8 @@ def run_all(df, seed_df, s: dict, seed=0, drift=None) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="looped robustness", description="Robustness studies of phi.")
     ap.add_argument("--runs", default=str(REPO / "runs" / "cpu-main"), help="runs of the main fit (folder or CSV)")
-    ap.add_argument("--seeds", nargs="*", default=[str(REPO / "runs" / n) for n in ("prose-seeds", "cpu-replicates")],
+    replicate_studies = ("prose-seeds", "cpu-replicates", "cpu-order")
+    ap.add_argument("--seeds", nargs="*", default=[str(REPO / "runs" / n) for n in replicate_studies],
                     help="replicate runs (folders or CSVs; absent ones skipped)")
     ap.add_argument("--drift", nargs="*", default=[str(REPO / "runs" / "cpu-drift")],
                     help="runs at further budgets (folders or CSVs; absent or empty ones skipped)")
@@ -421,8 +431,9 @@ def main(argv=None) -> int:
     try:
         tables, main = [load_runs(p) for p in seeds], load_runs(a.runs)
         drift = pd.concat([load_runs(p) for p in drifts], ignore_index=True) if drifts else None
+        planned = [design_of(load_study(Path(p).name)) for p in a.drift if Path(p).name in STUDIES]
         out = run_all(main, pd.concat(tables, ignore_index=True) if tables else None, settings, seed=a.seed,
-                      drift=drift)
+                      drift=drift, planned=pd.concat(planned, ignore_index=True) if planned else None)
     except FitError as e:
         print(f"robustness: error: {e}", file=sys.stderr)
         return 2
