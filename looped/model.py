@@ -9,6 +9,7 @@ loop norm once, after its last block, as the authors' code does.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -148,12 +149,17 @@ class HyperConnections(nn.Module):
 
     # einsum is on autocast's lower-precision list: the K x K mix runs outside autocast so the
     # lanes stay fp32, unrounded, like the linear injection's residual stream.
+    @staticmethod
+    def _fp32(x):  # autocast exists for cpu and cuda only (the FLOP counter runs on meta)
+        return torch.autocast(x.device.type, enabled=False) if x.device.type in ("cpu", "cuda") \
+            else contextlib.nullcontext()
+
     def read(self, i, lanes):                      # lanes: (K, B, T, D)
-        with torch.autocast(lanes.device.type, enabled=False):
+        with self._fp32(lanes):
             return torch.einsum("k,kbtd->btd", self.alpha[i].to(lanes.dtype), lanes)
 
     def write(self, i, lanes, state):
-        with torch.autocast(lanes.device.type, enabled=False):
+        with self._fp32(lanes):
             mixed = torch.einsum("jk,kbtd->jbtd", self.mix[i].to(lanes.dtype), lanes)
         return mixed + self.beta[i].to(lanes.dtype)[:, None, None, None] * state
 
