@@ -123,23 +123,6 @@ def test_no_prose_run_reads_more_than_80_percent_of_the_training_split():
             assert tokens <= 0.8 * train, (study, run.run_id, tokens / train)
 
 
-def test_lr_verdict_says_what_the_preset_does(tmp_path, monkeypatch):
-    for run in registry.load_study("prose-lr"):
-        write(tmp_path, run, 4.0 + 0.1 * math.log2(run.lr_scale / 1.4) ** 2)
-    text = prose.lr_verdict(design.lr_sweep("prose-lr", tmp_path))
-    assert (
-        "for *r* = 1 the best of the 5 multipliers finished is 1.4 (inside them; multiplier 1 is 0.024 nats worse)"
-        in text
-    )
-    assert text.endswith("the preset has not been re-based yet.") or "re-bases it" in text
-    from dataclasses import replace
-
-    from looped.config import PRESETS
-    monkeypatch.setitem(PRESETS, "prose", replace(PRESETS["prose"], lr_scale=1.4))
-    assert "its runs use 1.4 times HyperP's learning rates" in prose.lr_verdict(design.lr_sweep("prose-lr", tmp_path))
-    assert prose.lr_verdict(design.lr_sweep("prose-lr", tmp_path / "none")) == "No learning-rate run has finished yet."
-
-
 def _law_loss(run, phi=0.5):
     """A Chinchilla-like law whose iso-FLOP minima fall inside every cell of the prose grid."""
     from looped import accounting

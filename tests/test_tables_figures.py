@@ -138,17 +138,6 @@ def test_runtime_text():
     assert runtime_text(float("nan")) == "an unmeasured time"
 
 
-def test_edge_best_sentence_never_says_zero_cells():
-    from looped.report.study_text import edge_best_sentence
-    assert edge_best_sentence(0, 0) == "In no fitted cell is the best run the narrowest or the widest one trained."
-    assert (
-        edge_best_sentence(1, 0)
-        == "In one fitted cell the best run is the narrowest one trained, and in none the widest."
-    )
-    assert edge_best_sentence(2, 3) == "In 2 fitted cells the best run is the narrowest one trained, in 3 the widest."
-    assert all(" 0 " not in edge_best_sentence(n, w) for n in range(3) for w in range(3))
-
-
 def test_power_of_ten_keeps_the_promised_digits_when_fixed():
     assert formatting.power_of_ten(4.75e8, 4, fixed=True) == "4.750×10⁸"
     assert formatting.power_of_ten(4.75e8, 4) == "4.75×10⁸"

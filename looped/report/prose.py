@@ -141,30 +141,6 @@ def gaps_reading(runs, paper_runs, law, paper_law) -> str:
                    f"{lp * sp:.3f} nats.")
 
 
-def lr_verdict(table: pd.DataFrame, tolerance: float = 0.01) -> str:
-    """One clause per r of an `lr_sweep` table, then what the preset does about it: whether the
-    paper's transfer (multiplier 1) holds, and the multiplier the preset uses by default."""
-    if table.empty:
-        return "No learning-rate run has finished yet."
-    lr_cols = [c for c in table.columns if c.startswith("lr x")]
-    parts = []
-    for _, row in table.iterrows():
-        done = [float(c[len("lr x"):]) for c in lr_cols if pd.notna(row[c])]
-        edge = row.best_multiplier in (min(done), max(done))
-        gap = (f"multiplier 1 is {row.gap_at_1:.3f} nats worse" if row.gap_at_1 > 0
-               else "that is the transfer itself")
-        parts.append(f"for *r* = {int(row.r)} the best of the {len(done)} multipliers finished is "
-                     f"{row.best_multiplier:g} ({'at the edge of those' if edge else 'inside them'}; {gap})")
-    preset = float(table.preset_multiplier.iloc[0])
-    text = "In this sweep " + "; ".join(parts) + ". "
-    if preset != 1.0:
-        return text + (f"The transfer is off by more than {tolerance:g} nats, so the preset re-bases it: its "
-                       f"runs use {preset:g} times HyperP's learning rates (`Preset.lr_scale`).")
-    if table.transfer_ok.all():
-        return text + f"The transfer holds within {tolerance:g} nats, and the preset keeps it."
-    return text + f"The transfer is off by more than {tolerance:g} nats; the preset has not been re-based yet."
-
-
 def lr_explains(table: pd.DataFrame, r: int, misfit: float) -> str:
     """One sentence (Markdown): can a learning rate that suits architecture `r` less explain a
     mean residual of `misfit` nats at that r?  Reads the `lr_sweep` row of r: if the preset's
