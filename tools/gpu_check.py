@@ -27,7 +27,6 @@ seconds (tests/test_gpu_check.py does).
 from __future__ import annotations
 
 import argparse
-import copy
 import gc
 import json
 import math
@@ -40,19 +39,18 @@ from pathlib import Path
 T0 = float(os.environ.get("DC_T0") or time.time())  # the wrapper's start: the budget includes imports
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its parts, also when loaded by path (the tests)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from gpu_kernels import CUDA, DEV, KernelPhases  # noqa: E402
+from gpu_summary import summary  # noqa: E402
 
 from looped import accounting, data, memory, packing  # noqa: E402
 from looped import train as trainer  # noqa: E402
 from looped.config import get_preset, model_config  # noqa: E402
 from looped.model import LoopedGPT  # noqa: E402
-from looped.optim import MuonH, polar_express  # noqa: E402
 from looped.options import TrainConfig  # noqa: E402
-
-CUDA = torch.cuda.is_available()
-DEV = torch.device("cuda" if CUDA else "cpu")
 
 # Sizes per preset: the paper's at T = 2048 on the GPU, a toy version for the CPU.
 #   est: seconds a phase is expected to take on its device (the budget guard's estimate)
@@ -72,17 +70,10 @@ PLANS = {
 MEMORY_BAND = (0.85, 1.15)  # eager peak / predicted peak, two-sided
 
 
-def sync():
-    if CUDA:
-        torch.cuda.synchronize()
+class DeviceCheck(KernelPhases):
+    """The check: plumbing (budget, phases, results), the trainer's phases here, the kernel phases
+    in gpu_kernels.KernelPhases, summary.txt from gpu_summary."""
 
-
-def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double().flatten(), b.double().flatten()
-    return float(a @ b / (a.norm() * b.norm() + 1e-300))
-
-
-class DeviceCheck:
     def __init__(self, a):
         self.a, self.out, self.work = a, Path(a.out), Path(a.work)
         self.out.mkdir(parents=True, exist_ok=True)
@@ -160,39 +151,6 @@ class DeviceCheck:
         self.res["env"] = e
         return e
 
-    def gemm(self):
-        """Median of 5 timings x 20 products, after ~1 s of products to raise the idle SM clock."""
-        out, dt = {}, (torch.bfloat16 if CUDA else torch.float32)
-        for n in self.plan["gemm_n"]:
-            a, b = (torch.randn(n, n, device=DEV, dtype=dt) for _ in range(2))
-            t = time.time()
-            while time.time() - t < (1.0 if CUDA else 0.1):
-                a @ b
-                sync()
-            times = []
-            for _ in range(5):
-                if CUDA:
-                    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    e0.record()
-                    for _ in range(20):
-                        a @ b
-                    e1.record()
-                    e1.synchronize()
-                    times.append(e0.elapsed_time(e1) / 1e3 / 20)
-                else:
-                    t = time.perf_counter()
-                    for _ in range(2):
-                        a @ b
-                    times.append((time.perf_counter() - t) / 2)
-            flops = 2 * n ** 3 / float(np.median(times))
-            out[f"n{n}"] = {"dtype": str(dt), "tflops_median": flops / 1e12,
-                            "tflops_best": 2 * n ** 3 / min(times) / 1e12,
-                            "fraction_of_spec": flops / self.spec if self.spec else None}
-            self.gemm_flops = flops
-            del a, b
-        self.res["gemm_tflops"] = {k: float(f"{v['tflops_median']:.4g}") for k, v in out.items()}
-        return out
-
     def data(self):
         """A first-order Markov chain over `active` ids (4 successors, p = .55/.25/.15/.05: entropy
         floor 1.11 nats), BOS at position 0, written under the preset's dataset name in WORK."""
@@ -229,86 +187,6 @@ class DeviceCheck:
             raise RuntimeError("data.check_dataset rejects the synthetic dataset")
         return {"dir": str(d), "train_rows": n_train, "val_rows": n_val, "active_ids": active,
                 "entropy_floor_nats": 1.11, "unigram_nats": round(math.log(active), 3)}
-
-    def batch(self, n):
-        return data.Dataset(self.data_root / data.dataset_name(self.preset)).rows("train", 0, n).to(DEV)
-
-    @staticmethod
-    def loss_and_grads(model, call, b, bf16):
-        model.zero_grad(set_to_none=True)
-        with torch.autocast(DEV.type, dtype=torch.bfloat16, enabled=bf16):
-            loss = call(b[:, :-1], b[:, 1:])
-        loss.backward()
-        grads = [p.grad.float().flatten() for p in model.parameters() if p.grad is not None]
-        return float(loss.detach()), torch.cat(grads)
-
-    def correctness(self):
-        """Same weights, same rows: fp32 eager with TF32 off vs bf16 autocast eager."""
-        cfg = model_config(self.a.preset, r=4, s=self.s)
-        b = self.batch(min(8, trainer.first_micro_batch(cfg, self.rows, DEV)))
-        torch.manual_seed(0)
-        model = LoopedGPT(cfg).to(DEV)
-        old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-        try:
-            l32, g32 = self.loss_and_grads(model, model, b, False)
-        finally:
-            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
-        l16, g16 = self.loss_and_grads(model, model, b, True)
-        out = {"r": 4, "s": self.s, "rows": b.shape[0], "loss_fp32": l32, "loss_bf16": l16,
-               "loss_rel_diff": abs(l16 - l32) / l32, "grad_cosine": cosine(g16, g32),
-               "grad_rel_err": float((g16 - g32).norm() / g32.norm()), "finite": bool(torch.isfinite(g16).all())}
-        self.check("bf16_eager_matches_fp32", out["loss_rel_diff"] < 1e-2 and out["grad_cosine"] > 0.99
-                   and out["finite"])
-        return out
-
-    def muon(self):
-        """Polar Express on the device (bf16 on CUDA) and in fp32 (on the CPU) vs the exact polar
-        factor U V^T (fp64 SVD); one MuonH step on the device vs the fp32 CPU reference step."""
-        d = model_config(self.a.preset, r=1, s=self.s).d_model
-        torch.manual_seed(0)
-        g = torch.randn(4, d, 4 * d)
-        u, _, vh = torch.linalg.svd(g.double(), full_matrices=False)
-        exact = u @ vh
-        dev_pe, fp32_pe = polar_express(g.to(DEV)).double().cpu(), polar_express(g.float()).double()
-        out = {"shape": list(g.shape), "device_dtype": str(polar_express(g[:1].to(DEV)).dtype),
-               "cosine_device_vs_exact": cosine(dev_pe, exact), "cosine_fp32_vs_exact": cosine(fp32_pe, exact),
-               "cosine_device_vs_fp32": cosine(dev_pe, fp32_pe),
-               "singular_values_device": [float(x) for x in torch.linalg.svdvals(dev_pe).aminmax()]}
-        ws = [torch.randn(d, d), torch.randn(4 * d, d), torch.randn(d, 4 * d)]
-        gs = [torch.randn_like(w) for w in ws]
-
-        def muon_step(device, batched):
-            ps = [torch.nn.Parameter(w.clone().to(device)) for w in ws]
-            for p, gr in zip(ps, gs):
-                p.grad = gr.clone().to(device)
-            MuonH(ps, lr=0.02, batched=batched).step()
-            return [p.detach().double().cpu() - w.double() for p, w in zip(ps, ws)]
-        out["muon_step_cosine_vs_fp32"] = [cosine(x, y) for x, y in zip(muon_step(DEV, True), muon_step("cpu", False))]
-        self.check("polar_express_close_to_exact_polar", out["cosine_device_vs_exact"] > 0.98
-                   and out["cosine_device_vs_fp32"] > 0.99)
-        self.check("muon_step_matches_fp32", min(out["muon_step_cosine_vs_fp32"]) > 0.99)
-        return out
-
-    def sdpa(self):
-        """Which scaled-dot-product-attention op (on CUDA: which kernels) a forward+backward ran."""
-        from torch.profiler import ProfilerActivity, profile
-        cfg = model_config(self.a.preset, r=1, s=self.s)
-        model, b = LoopedGPT(cfg).to(DEV), self.batch(1)
-        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if CUDA else [])
-        with profile(activities=acts) as prof:
-            with torch.autocast(DEV.type, dtype=torch.bfloat16, enabled=CUDA):
-                model(b[:, :-1], b[:, 1:]).backward()
-            sync()
-        names = {e.key for e in prof.key_averages()}
-        ops = sorted(n for n in names if n.startswith("aten::_scaled_dot_product") or n.startswith("aten::_flash")
-                     or n.startswith("aten::_efficient") or n.startswith("aten::_cudnn_attention"))
-        out = {"sdpa_ops": ops}
-        out["attention_kernels"] = sorted(n[:100] for n in names if not n.startswith("aten::") and any(
-            k in n.lower() for k in ("flash", "fmha", "attention", "sdpa", "cudnn")))[:8]
-        if CUDA:
-            self.check("sdpa_fused_kernel_on_gpu", bool(ops) and not any("math" in n for n in ops))
-        return out
 
     def throughput(self, r, compiled):
         """The real trainer, 1 + timed steps of the preset's batch with the automatic micro-batch."""
@@ -445,30 +323,6 @@ class DeviceCheck:
         self.check("compiled_by_width_ran", all(x["status"] == "ok" and x["compile"] for x in rows))
         return {"rows": rows}
 
-    def compiled_step(self):
-        """bf16 eager vs the fast path (train.fast_model: fused loss tail + torch.compile) on the
-        trainer's micro-batch at s = 10, r = 4, same weights and rows; the throughput phase that
-        follows reuses this compile through inductor's cache."""
-        cfg = model_config(self.a.preset, r=4, s=self.s)
-        b = self.batch(trainer.first_micro_batch(cfg, self.rows, DEV))
-        torch.manual_seed(0)
-        model = LoopedGPT(cfg).to(DEV)
-        le, ge = self.loss_and_grads(model, model, b, CUDA)
-        twin = copy.deepcopy(model)
-        fast = trainer.fast_model(twin)
-        t = time.time()
-        lc, gc_ = self.loss_and_grads(twin, fast, b, CUDA)
-        sync()
-        first = time.time() - t
-        t = time.time()
-        lc2, _ = self.loss_and_grads(twin, fast, b, CUDA)
-        sync()
-        out = {"rows": b.shape[0], "bf16": CUDA, "loss_eager": le, "loss_compiled": lc, "loss_compiled_again": lc2,
-               "loss_rel_diff": abs(lc - le) / le, "grad_cosine": cosine(gc_, ge),
-               "compile_first_call_s": round(first, 1), "second_call_s": round(time.time() - t, 3)}
-        self.check("compiled_step_matches_eager", out["loss_rel_diff"] < 5e-3 and out["grad_cosine"] > 0.99)
-        return out
-
     def r_sweep(self):
         """What a reader sees: r = 1, 2, 4, 8 at a small width on the chain, eager, loss curves."""
         p, out = self.plan, {}
@@ -517,66 +371,8 @@ class DeviceCheck:
         return 0 if self.res["ok"] else 1
 
     def summary(self) -> str:
-        """summary.txt: every number through f(), and a phase whose line cannot be written (a
-        diverged run's None where a figure was expected) says so instead of losing the file."""
-        r = self.res
-
-        def f(x, fmt=".3f"):
-            try:
-                return "-" if x is None else format(x, fmt)
-            except (TypeError, ValueError):
-                return str(x)
-        e = r.get("env") or {}
-        lines = [f"device {e.get('device')}  torch {e.get('torch')}  cuda {e.get('cuda')}  "
-                 f"elapsed {r.get('elapsed_s')}s of {self.a.budget_s:.0f}s  spec {f(self.spec, '.3g')} FLOP/s",
-                 f"GEMM TFLOP/s (median) {json.dumps(r.get('gemm_tflops', {}))}"]
-        for k, v in r["phases"].items():
-            try:
-                lines += self.phase_lines(k, v, f)
-            except Exception as ex:  # noqa: BLE001 - the summary must survive any phase's record
-                lines.append(f"{k}: (no summary line: {type(ex).__name__}: {ex})"[:300])
-        lines.append("mfu_eager_by_width " + json.dumps(r.get("mfu_eager_by_width")))
-        lines.append("mfu_compiled_by_width " + json.dumps(r.get("mfu_compiled_by_width")))
-        bad = [k for k, v in r["checks"].items() if not v]
-        lines.append(f"checks {sum(r['checks'].values())}/{len(r['checks'])} pass" + (f"; FAILED {bad}" if bad else ""))
-        if "ok" in r:
-            lines.append(f"OK {r['ok']}  errors {r['errors']}  skipped {r['skipped']}"
-                         + (f"  INTERRUPTED {r['interrupted']}" if "interrupted" in r else ""))
-        return "\n".join(lines) + "\n"
-
-    @staticmethod
-    def phase_lines(k, v, f) -> list[str]:
-        """The summary lines of phase `k` (its record `v`); f formats a number or None."""
-        lines = []
-        if "skipped" in v or "error" in v:
-            lines.append(f"{k}: {'SKIPPED ' + v['skipped'] if 'skipped' in v else 'ERROR ' + v['error'][:200]}")
-        elif k.startswith("throughput"):
-            lines.append(f"{k:24s} micro {f(v['micro_batch'], '3d')}  tok/s {f(v['tokens_per_s'], ',.0f')}  MFU spec "
-                         f"{f(v['mfu_vs_spec'])} gemm {f(v['mfu_vs_gemm'])}  first step "
-                         f"{f(v['first_step_s'], '.1f')}s  peak/pred {f(v['peak_over_predicted'], '.2f')}")
-        elif k in ("correctness", "compiled"):
-            lines.append(f"{k}: loss rel diff {f(v['loss_rel_diff'], '.2e')}, grad cosine {f(v['grad_cosine'], '.5f')}")
-        elif k == "muon":
-            muon = [f(x, ".4f") for x in v["muon_step_cosine_vs_fp32"]]
-            lines.append(f"polar express cos vs exact {f(v['cosine_device_vs_exact'], '.4f')} (fp32 "
-                         f"{f(v['cosine_fp32_vs_exact'], '.4f')}); MuonH step cos vs fp32 {muon}")
-        elif k == "sdpa":
-            lines.append(f"sdpa ops {v['sdpa_ops']} kernels {v['attention_kernels'][:3]}")
-        elif k.startswith("resume"):
-            lines.append(f"{k}: val {f(v['val_straight'], '.4f')} straight vs {f(v['val_resumed'], '.4f')} "
-                         f"resumed, max curve diff {f(v['max_curve_diff_after_resume'], '.2e')}")
-        elif k == "oom":
-            lines.append(f"oom: {v['status']}, micro-batch history {v['micro_batch_history']}, "
-                         f"{f(v['wall_s'], '.1f')}s, allocated after {f(v['allocated_after'], ',.0f')} B")
-        elif k in ("grid", "compiled_by_width"):
-            for x in v["rows"]:
-                lines.append(f"{k} s={f(x['s'], '<4g')} r={x['r']} micro {f(x['micro_batch'], '3d')}  "
-                             f"MFU {f(x['mfu'])}  peak/pred {f(x['peak_over_predicted'], '.2f')}")
-        elif k == "r_sweep":
-            lines.append("r_sweep val " + json.dumps({q: None if w.get("val") is None else round(w["val"], 3)
-                                                      for q, w in v.items() if isinstance(w, dict)}))
-        return lines
-
+        """summary.txt (gpu_summary.summary): a line per phase, surviving any phase's record."""
+        return summary(self.res, self.a.budget_s, self.spec)
 
 def parse(argv=None):
     env = os.environ.get
