@@ -388,10 +388,12 @@ class Dataset:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="looped data", description="prepare tokenizer and data shards")
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND",
+                            help="what to do: `prepare` builds a preset's dataset (the only command)")
     pp = sub.add_parser("prepare", help="build (or reuse) a preset's dataset directory")
-    pp.add_argument("--preset", default="cpu")
-    pp.add_argument("--data-dir", default=None, help="default: $LOOPED_DATA or <repo>/data")
+    pp.add_argument("--preset", default="cpu", help="whose dataset: cpu, prose, paper or tiny (default: cpu)")
+    pp.add_argument("--data-dir", default=None, help="folder to build it in, created if missing (default: "
+                    "$LOOPED_DATA or <repo>/data)")
     pp.add_argument("--force", action="store_true", help="rebuild even if a valid copy exists")
     pp.add_argument("--source", default=None, help="paper preset: local jsonl/parquet file or dir; "
                     "prose preset: the sources folder (default data/sources, see `make corpus`)")

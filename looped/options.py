@@ -14,6 +14,7 @@ import math
 import sys
 import typing
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 
 from .config import DEFAULT_SEED, ConfigError, get_preset, model_config, run_name, size_note
 
@@ -81,6 +82,15 @@ class TrainConfig:
                 raise ConfigError(f"{flag} must be a finite number, got {value!r}")
             if value < low or strict and value == low:
                 raise ConfigError(f"{flag} must be {'>' if strict else '>='} {low:g}, got {value:g}")
+        if self.micro_batch is not None and not (self.micro_batch >= 1 and self.micro_batch == int(self.micro_batch)):
+            raise ConfigError(f"--micro-batch must be >= 1, got {self.micro_batch!r}: a step's rows do not split "
+                              "into micro-batches of that size (leave it out for the automatic one)")
+        if self.data_dir is not None and not Path(self.data_dir).is_dir():
+            if Path(self.data_dir).exists():
+                raise ConfigError(f"--data-dir {self.data_dir} is not a folder")
+            raise ConfigError(f"--data-dir {self.data_dir} does not exist (a mistyped path would build a new "
+                              f"dataset there): create it, or `looped data prepare --preset {self.preset} "
+                              f"--data-dir {self.data_dir}`")
         note = size_note(self.preset, self.s)
         if note:  # not silently: the record keeps s, with the d_model it trained
             print(f"looped: warning: {note}; the record keeps s {self.s:g} with that d_model", file=sys.stderr)

@@ -79,6 +79,23 @@ BAD = [
     ([*TRAIN, "--checkpoint-seconds", "nan"], "--checkpoint-seconds must be a finite number"),
     ([*TRAIN, "--peak-flops", "0"], "--peak-flops must be > 0"),
     (["train", "--preset", "tiny", "--steps", "0"], "--steps must be >= 1"),
+    ([*TRAIN, "--micro-batch", "0"], "--micro-batch must be >= 1, got 0"),        # was: the default, silently
+    ([*TRAIN, "--micro-batch", "-1"], "do not split"),
+    ([*TRAIN, "--data-dir", "OUT"], "does not exist"),                             # was: a dataset built there
+    ([*TRAIN, "--data-dir", "FILES/runs.csv"], "is not a folder"),
+    (["sweep", "cpu-smoke", "--dry-run", "--out", "OUT/runs", "--data-dir", "OUT"], "--data-dir"),
+    (["sweep", "cpu-smoke", "--dry-run", "--out", "OUT", "--micro-batch", "0"], "--micro-batch must be >= 1"),
+    # sweep: the estimate's and the SLURM script's numbers (were: ZeroDivisionError, or 200 % MFU taken)
+    (["sweep", "gpu-main", "--dry-run", "--out", "OUT", "--gpus", "0"], "--gpus must be >= 1"),
+    (["sweep", "gpu-main", "--dry-run", "--out", "OUT", "--mfu", "0"], "--mfu must be a fraction of the peak"),
+    (["sweep", "gpu-main", "--dry-run", "--out", "OUT", "--mfu", "2"], "in (0, 1]"),
+    (["sweep", "gpu-main", "--dry-run", "--out", "OUT", "--mfu", "nan"], "in (0, 1]"),
+    (["sweep", "cpu-smoke", "--dry-run", "--out", "OUT", "--mfu", "0"], "--mfu must be a fraction of the peak"),
+    (["sweep", "gpu-main", "--dry-run", "--out", "OUT", "--device-memory", "0"], "--device-memory must be"),
+    (["sweep", "cpu-smoke", "--dry-run", "--out", "OUT", "--processes", "0"], "--processes must be >= 1"),
+    (["sweep", "cpu-smoke", "--out", "OUT", "--slurm", "0", "--slurm-script", "OUT/s.sbatch"], "--slurm must be"),
+    (["sweep", "cpu-smoke", "--out", "OUT", "--slurm", "2", "--gpus-per-task", "0", "--slurm-script",
+      "OUT/s.sbatch"], "--gpus-per-task must be >= 1"),
     (["sweep", "cpu-smoke", "--dry-run", "--out", "OUT", "--checkpoint-every", "-1"], "--checkpoint-every"),
     (["sweep", "cpu-smoke", "--dry-run", "--out", "OUT", "--peak-flops", "-1"], "--peak-flops must be > 0"),
     # grids (registry.load_study): the file's line and column
@@ -176,7 +193,7 @@ def test_version_and_bench_help(capsys):
 
 
 @pytest.mark.parametrize("command", [["accounting"], ["train"], ["fit"], ["bench", "train"], ["bench", "fit"],
-                                     ["bench", "profile"]])
+                                     ["bench", "profile"], ["sweep"], ["runs"], ["data"]])
 def test_every_option_has_help(command, monkeypatch):
     import argparse
     import importlib
@@ -192,4 +209,6 @@ def test_every_option_has_help(command, monkeypatch):
     with pytest.raises(SystemExit):
         getattr(importlib.import_module(module), func)(command[1:] + ["--help"])
     actions = [a for a in parsers[-1]._actions if not isinstance(a, argparse._HelpAction)]
+    for sub in [a for a in actions if isinstance(a, argparse._SubParsersAction)]:  # `data prepare`'s options
+        actions += [a for p in sub.choices.values() for a in p._actions if not isinstance(a, argparse._HelpAction)]
     assert actions and [a.option_strings or a.dest for a in actions if not a.help] == []

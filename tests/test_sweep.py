@@ -645,6 +645,7 @@ def test_every_training_option_is_one_flag_in_train_sweep_and_slurm(grid_csv, tm
         kind = next(t for t in typing.get_args(hints[f.name]) or (hints[f.name],) if t is not type(None))
         return {bool: not f.default, int: 3, float: 2.5e12, str: str(tmp_path / f.name)}[kind]
     values = {f.name: sample(f) for f in passed}
+    Path(values["data_dir"]).mkdir()  # a --data-dir must be a folder that exists (a missing one is refused)
     argv = options.option_argv(values)
     ap = argparse.ArgumentParser()
     options.add_options(ap)

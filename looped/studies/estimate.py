@@ -30,6 +30,9 @@ def plan(runs: list[Run], peak_flops: float, mfu: float, timing: tuple[float, fl
     machine (see `time_model`) the estimate includes the per-step overhead that dominates
     small models; otherwise it assumes `mfu` of the measured matmul peak.
     """
+    if not timing and not (peak_flops > 0 and 0 < mfu <= 1):
+        raise SweepError(f"an estimate needs a peak above 0 FLOP/s and an MFU in (0, 1], got {peak_flops:g} "
+                         f"and {mfu:g}")
     rows = []
     for run in runs:
         cfg = run.model_config()
@@ -67,6 +70,8 @@ def gpu_plan(runs: list[Run], peak_flops: float, mfu: float, device_memory: floa
     """`plan` for GPUs: each run's micro-batch (automatic for `device_memory` per GPU unless
     given), its predicted peak memory (looped.memory) and estimated GPU-hours at `mfu` of
     `peak_flops`; `gpus` data-parallel processes share each step's rows."""
+    if gpus < 1:
+        raise SweepError(f"--gpus must be >= 1, got {gpus}")
     table = plan(runs, peak_flops, mfu)
     micro, mem = [], []
     for run in runs:
@@ -74,7 +79,7 @@ def gpu_plan(runs: list[Run], peak_flops: float, mfu: float, device_memory: floa
         rows = run.tokens_per_step // cfg.seq_len
         if rows % gpus:
             raise SweepError(f"{rows} rows per step do not split over {gpus} GPUs")
-        m = micro_batch or memory.auto_micro_batch(cfg, rows // gpus, device_memory, dtype)
+        m = micro_batch if micro_batch is not None else memory.auto_micro_batch(cfg, rows // gpus, device_memory, dtype)
         micro.append(m)
         mem.append(memory.predict_peak(cfg, m, dtype)["peak_bytes"] / 1e9)
     table["micro_batch"] = micro

@@ -153,7 +153,8 @@ def adopt_records(runs: list[Run], out: str | Path, sources) -> list[str]:
 def runs_main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="looped runs",
                                  description="A study's runs table; --csv exports it for `looped fit`.")
-    ap.add_argument("folders", nargs="+")
+    ap.add_argument("folders", nargs="+", help="folders of run records (e.g. runs/cpu-main); several are "
+                                                "read as one table")
     ap.add_argument("--csv", default=None, help="write the table (all folders together) to this CSV")
     a = ap.parse_args(argv)
     try:
@@ -257,8 +258,8 @@ def main(argv=None) -> int:
     sl.add_argument("--slurm-script", default=None, help="where to write it (default slurm/STUDY.sbatch)")
     sl.add_argument("--gpus-per-task", type=int, default=1, help="GPUs per array task (torchrun when > 1)")
     sl.add_argument("--time", dest="time_limit", default="24:00:00", help="#SBATCH --time of each task")
-    sl.add_argument("--partition", default=None)
-    sl.add_argument("--account", default=None)
+    sl.add_argument("--partition", default=None, help="#SBATCH --partition of each task (default: the cluster's)")
+    sl.add_argument("--account", default=None, help="#SBATCH --account charged for each task (default: yours)")
     sl.add_argument("--max-parallel", type=int, default=None, help="at most this many tasks at once (%%K)")
     sl.add_argument("--sbatch", action="append", default=[], metavar="OPTION",
                     help="an extra #SBATCH line, e.g. --sbatch=--constraint=h100 (repeatable)")
@@ -277,6 +278,10 @@ def main(argv=None) -> int:
     except ValueError:
         print(f"looped sweep: error: --budgets must be a comma list of numbers, got {a.budgets!r}", file=sys.stderr)
         return 2
+    error = _estimate_error(a)
+    if error:
+        print(f"looped sweep: error: {error}", file=sys.stderr)
+        return 2
     out = Path(a.out or REPO / "runs" / a.study)
     train_kw = given_options(a, passthrough=True)
     try:
@@ -287,7 +292,8 @@ def main(argv=None) -> int:
             if not runs:
                 raise SweepError(f"--budgets {a.budgets} matches no run of {a.study} (its budgets: "
                                  + ",".join(f"{b:g}" for b in known) + ")")
-        TrainConfig(**train_kw)  # bad options fail here, once, not in every run
+        # bad options fail here, once, not in every run (with the study's preset, which the error names)
+        TrainConfig(**train_kw, **({"preset": runs[0].preset} if runs else {}))
         if a.slurm is not None:
             return _write_slurm(a, runs, out, train_kw)
         if a.dry_run:
@@ -304,6 +310,21 @@ def main(argv=None) -> int:
         return 2
     print(f"{a.study}: " + ", ".join(f"{k} {v}" for k, v in table.status.value_counts().items()))
     return 0
+
+
+def _estimate_error(a) -> str | None:
+    """Why the dry run's or the SLURM script's numbers cannot be used, or None: each is one line
+    here, not a division by zero (or an impossible figure) later."""
+    import math
+    if a.mfu is not None and not (math.isfinite(a.mfu) and 0 < a.mfu <= 1):
+        return f"--mfu must be a fraction of the peak in (0, 1], got {a.mfu:g}"
+    if a.device_memory is not None and not (math.isfinite(a.device_memory) and a.device_memory > 0):
+        return f"--device-memory must be a positive number of bytes, got {a.device_memory:g}"
+    for flag, value in (("--gpus", a.gpus), ("--processes", a.processes), ("--slurm", a.slurm),
+                        ("--gpus-per-task", a.gpus_per_task), ("--max-parallel", a.max_parallel)):
+        if value is not None and value < 1:
+            return f"{flag} must be >= 1, got {value}"
+    return None
 
 
 def _write_slurm(a, runs: list[Run], out: Path, train_kw: dict) -> int:
@@ -369,7 +390,7 @@ def _dry_run(a, runs: list[Run], out: Path, i: int, n: int, micro_batch: int | N
         print(f"\n{len(table)} runs ({len(todo)} to do), {flops:.3g} FLOPs; "
               f"ESTIMATE {hours:.1f} GPU-hours left ({hours / a.gpus:.1f} h wall on {a.gpus} GPU(s)) on {label} "
               f"at an assumed {mfu:.0%} MFU of {peak / 1e12:.0f} TFLOP/s dense bf16 ({source}); micro-batch "
-              f"{'fixed' if micro_batch else 'automatic'} for {mem / 1e9:.0f} GB per GPU "
+              f"{'fixed' if micro_batch is not None else 'automatic'} for {mem / 1e9:.0f} GB per GPU "
               f"(peak memory predicted by looped.memory, eager bf16)")
         return 0
     from ..train import matmul_peak
