@@ -240,6 +240,13 @@ def test_dry_run_lists_every_run_and_writes_nothing(study, tmp_path, capsys):
     table = estimate.plan(runs, peak_flops=1e9, mfu=0.5)
     assert list(table.run_id) == [r.run_id for r in runs]
     assert (table.est_seconds == table.flops_per_token * table.tokens / 5e8).all()
+    # no division by zero (the CLI says so in one line first): an impossible MFU or GPU count
+    for kw in (dict(mfu=0), dict(mfu=2), dict(peak_flops=0)):
+        with pytest.raises(registry.SweepError, match="MFU in"):
+            estimate.plan(runs, **{"peak_flops": 1e9, "mfu": 0.5, **kw})
+    with pytest.raises(registry.SweepError, match="--gpus must be >= 1"):
+        estimate.gpu_plan(runs, 1e15, 0.35, 80e9, gpus=0)
+    assert estimate.plan(runs, peak_flops=float("nan"), mfu=0.3).est_seconds.isna().all()  # unknown peak
 
 
 # ----------------------------------------------------------------------------- kill and restart

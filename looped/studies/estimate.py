@@ -30,7 +30,7 @@ def plan(runs: list[Run], peak_flops: float, mfu: float, timing: tuple[float, fl
     machine (see `time_model`) the estimate includes the per-step overhead that dominates
     small models; otherwise it assumes `mfu` of the measured matmul peak.
     """
-    if not timing and not (peak_flops > 0 and 0 < mfu <= 1):
+    if not timing and (peak_flops <= 0 or mfu <= 0 or mfu > 1):  # (a NaN peak: no estimate, NaN hours)
         raise SweepError(f"an estimate needs a peak above 0 FLOP/s and an MFU in (0, 1], got {peak_flops:g} "
                          f"and {mfu:g}")
     rows = []
