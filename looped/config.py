@@ -155,14 +155,22 @@ def width(preset: Preset | str, s: float) -> int:
     return int(math.ceil(p.width_per_s * s / p.width_round) * p.width_round)
 
 
-def size_note(preset: Preset | str, s: float) -> str | None:
+def size_used(preset: Preset | str, s: float) -> float:
+    """The size whose width `width(preset, s)` is exactly (d_model / width_per_s): s itself unless
+    the width was rounded; a run records it as `s_model` beside the s it was asked for."""
+    p = get_preset(preset)
+    return width(p, s) / p.width_per_s
+
+
+def size_note(preset: Preset | str, s: float, narrowest: bool = False) -> str | None:
     """None where size `s` gives its width exactly; else a sentence saying which width it gets
     (d = width_per_s * s rounded up to a multiple of width_round), for a warning: a run keeps s in
-    its record and name, with the rounded model's d_model and parameter counts.  A size below the
-    preset's narrowest model (d = width_round; the tests' tiny s = 1) gets that model unannounced."""
+    its record and name, with the rounded model's d_model, `s_model` and this note.  A size below
+    the preset's narrowest model (d = width_round; the tests' tiny s = 1) gets that model without
+    a note (no warning), unless `narrowest` (the run record's note)."""
     p = get_preset(preset)
     d = width(p, s)
-    if d == p.width_per_s * s or d == p.width_round:
+    if d == p.width_per_s * s or d == p.width_round and not narrowest:
         return None
     return (f"size {s:g} gives d_model {d} on preset {p.name} (d = {p.width_per_s} s rounded up to a multiple "
             f"of {p.width_round}; sizes that need no rounding: multiples of {p.width_round / p.width_per_s:g})")

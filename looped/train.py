@@ -4,9 +4,9 @@ Steps come from the FLOPs budget through the accounting module, so every run of 
 spends exactly its compute.  One code path serves the CPU (fp32), one GPU (bf16 autocast)
 and several GPUs under `torchrun` (data parallel: each rank a contiguous slice of a step's rows,
 gradients averaged once per step after the ranks agree none ran out of memory); on the CPU the
-same path runs on gloo, which is how the tests check it.  By default the step is the fast one on every device: the model's
-forward and backward compiled by torch.compile (inductor) and the optimizers batched over
-tensors; `compile=False` (`--no-compile`) is the plain eager reference with the same maths, and
+same path runs on gloo, which is how the tests check it.  By default the step is the fast one on
+every device: the model's forward and backward compiled by torch.compile (inductor) and the
+optimizers batched over tensors; `compile=False` (`--no-compile`) is the plain eager reference with the same maths, and
 where inductor cannot compile the run falls back to it.  On a GPU the micro-batch starts at
 looped.memory's prediction and halves on out-of-memory.  Checkpoints (looped.checkpoint) and
 records are written atomically, so a killed run loses at most one checkpoint interval."""
@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from . import __version__, accounting, data, memory, optim
 from .checkpoint import Cadence, load_checkpoint, save_checkpoint
-from .config import REPO, ConfigError, get_preset
+from .config import CHECKOUT, ConfigError, get_preset, size_note, size_used
 from .dist import Dist, prepare_once
 from .io import atomic_write_json
 from .model import LoopedGPT
@@ -50,10 +50,17 @@ def step_blocks(steps: int, data_order: int | None) -> list[int]:
 
 
 def git_commit() -> str | None:
+    """The commit (with "-dirty" for uncommitted changes) of the checkout the package runs from;
+    None for an installed package (its version is in `versions()`): never the commit of whatever
+    repository the current folder happens to be in."""
+    if CHECKOUT is None:
+        return None
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                             timeout=5).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+        top, _, sha = subprocess.run(["git", "rev-parse", "--show-toplevel", "HEAD"], cwd=CHECKOUT,
+                                     capture_output=True, text=True, timeout=5).stdout.strip().partition("\n")
+        if not top or Path(top).resolve() != CHECKOUT.resolve():  # a tree without .git inside another repository
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=CHECKOUT,
                                capture_output=True, text=True, timeout=5).stdout.strip()
         return (sha + ("-dirty" if dirty else "")) or None
     except (OSError, subprocess.SubprocessError):
@@ -204,7 +211,7 @@ def train(tc: TrainConfig) -> dict:
     steps = tc.steps or accounting.steps_for_budget(cfg, tc.budget, batch_tokens)
     dd = Dist()
     rows_per_step = batch_tokens // T
-    micro = tc.micro_batch or rows_per_step // dd.world
+    micro = rows_per_step // dd.world if tc.micro_batch is None else tc.micro_batch  # 0 is refused, not a default
     if micro < 1 or rows_per_step % (micro * dd.world):
         raise ConfigError(f"{rows_per_step} rows per step do not split into {dd.world} process(es) "
                           f"x micro-batches of {micro}")
@@ -222,7 +229,7 @@ def train(tc: TrainConfig) -> dict:
     eval_rows = min(dataset.n_rows("val"), max(1, (tc.eval_tokens or preset.eval_tokens) // T))
 
     fresh_device_memory(dd.device)  # before the model: the micro-batch is chosen from what is free
-    if not tc.micro_batch:  # the ranks' GPUs may have different memory free: all take the smallest
+    if tc.micro_batch is None:  # the ranks' GPUs may have different memory free: all take the smallest
         micro = dd.min(first_micro_batch(cfg, micro, dd.device))
     torch.manual_seed(tc.seed)
     raw = LoopedGPT(cfg).to(dd.device)
@@ -252,7 +259,7 @@ def train(tc: TrainConfig) -> dict:
         start, state = load_checkpoint(ckpt_path, raw, optimizers, identity)
         state = {**fresh, **state}  # a checkpoint of an older version lacks the newer keys
     history = state["micro_batch_history"]  # [step, micro-batch from that step on]
-    if not tc.micro_batch and history and history[-1][1] < micro and micro % history[-1][1] == 0:
+    if tc.micro_batch is None and history and history[-1][1] < micro and micro % history[-1][1] == 0:
         micro = history[-1][1]  # the run had halved before it stopped: no second out-of-memory
     if not history or history[-1][1] != micro:
         history.append([start, micro])
@@ -294,7 +301,7 @@ def train(tc: TrainConfig) -> dict:
                 one_step(step, micro, loss_sum)
             except torch.OutOfMemoryError:
                 # a micro-batch the user chose is theirs to change
-                if dd.world == 1 and (tc.micro_batch or micro == 1):
+                if dd.world == 1 and (tc.micro_batch is not None or micro == 1):
                     raise
                 oom = True
             except cannot_compile as e:
@@ -323,9 +330,10 @@ def train(tc: TrainConfig) -> dict:
                 if dd.main:
                     print(f"looped train: warning: torch.compile failed, training eager ({failure})", file=sys.stderr)
             else:  # the memory model is an estimate, and optimizer state comes at step 1
-                if tc.micro_batch or micro == 1:
+                if tc.micro_batch is not None or micro == 1:
                     raise TrainError(f"{int(n_oom)} of {dd.world} ranks ran out of memory at step {step} "
-                                     f"with micro-batch {micro}" + (": lower --micro-batch" if tc.micro_batch else ""))
+                                     f"with micro-batch {micro}"
+                                     + (": lower --micro-batch" if tc.micro_batch is not None else ""))
                 micro //= 2
                 history.append([step, micro])
                 fresh_device_memory(dd.device)
@@ -382,7 +390,8 @@ def train(tc: TrainConfig) -> dict:
     peak_bytes, peak_scope = peak_memory_bytes(dd.device)
     record = {
         "schema": 1, "study": tc.study, "run_id": run_id(tc), "status": status,
-        "r": cfg.r, "s": tc.s, "injection": cfg.injection,
+        "r": cfg.r, "s": tc.s, "s_model": size_used(cfg.preset, tc.s), "size_note": size_note(cfg.preset, tc.s, True),
+        "injection": cfg.injection,
         "lanes": cfg.lanes if cfg.injection == "hyperconnect" else None,
         "bptt_k": cfg.k_bwd, "budget": tc.budget, "preset": tc.preset,
         "d_model": cfg.d_model, "n": accounting.n_params(cfg), "n_once": accounting.n_once(cfg),

@@ -87,6 +87,8 @@ def test_loss_falls_and_record_is_complete(baseline):
     assert rec["flops_per_s"] == pytest.approx(rec["tokens_per_s"] * rec["flops_per_token"])
     assert rec["device"].startswith("cpu") and rec["versions"]["torch"] == torch.__version__
     assert rec["git_commit"] is None or len(rec["git_commit"]) >= 40
+    # s = 1 asks for d = 8, below the preset's narrowest model (16): the record says what trained
+    assert (rec["s"], rec["d_model"], rec["s_model"]) == (1, 16, 2) and "gives d_model 16" in rec["size_note"]
     # written atomically: the file is exactly the returned record, and nothing else is left over
     folder = Path(rec["train"]["out"]).parent
     assert json.loads(Path(rec["train"]["out"]).read_text()) == json.loads(json.dumps(rec))
@@ -279,6 +281,7 @@ def test_gradient_accumulation_matches_one_batch(baseline):
     (dict(micro_batch=3), "do not split"),
     (dict(micro_batch=16), "do not split"),
     (dict(micro_batch=-1), "do not split"),
+    (dict(micro_batch=0), "do not split"),  # not the default in its place
     (dict(batch_tokens=100), "multiple of seq_len"),
     (dict(steps=0), "steps must be"),
     (dict(steps=None), "give a budget or a number of steps"),
@@ -287,6 +290,31 @@ def test_gradient_accumulation_matches_one_batch(baseline):
 def test_impossible_settings_are_config_errors(kw, match):
     with pytest.raises(ConfigError, match=match):
         train(TrainConfig(**{**BASE, "steps": 5, **kw}))
+
+
+def test_a_size_with_an_exact_width_records_itself():
+    from looped.config import size_note, size_used
+    assert size_used("tiny", 2) == 2 and size_note("tiny", 2, narrowest=True) is None
+    assert size_used("paper", 2.5) == 4 and "d_model 256" in size_note("paper", 2.5)
+    assert size_note("tiny", 1) is None  # no warning (one-line stderr stays one line), but the record's note:
+    assert "gives d_model 16" in size_note("tiny", 1, narrowest=True)
+
+
+def test_installed_package_records_no_commit_of_the_folder_it_runs_in(tmp_path):
+    """Outside a checkout (an installed copy of the package) the record's git_commit is None, not
+    the commit of whatever repository the current folder is in."""
+    import shutil
+    site = tmp_path / "site"
+    shutil.copytree(REPO / "looped", site / "looped", ignore=shutil.ignore_patterns("__pycache__"))
+    other = tmp_path / "other"
+    other.mkdir()
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    subprocess.run(["git", "init", "-q"], cwd=other, check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "x"], cwd=other, check=True)
+    probe = "import looped.config as c, looped.train as t; print(c.CHECKOUT, t.git_commit())"
+    done = subprocess.run([sys.executable, "-c", probe], cwd=other, capture_output=True, text=True, timeout=120,
+                          env={**env1(), "PYTHONPATH": str(site)})
+    assert done.stdout.split() == ["None", "None"], done.stdout + done.stderr
 
 
 def test_budget_sets_steps_through_accounting(tmp_path, tiny_data):
