@@ -423,7 +423,7 @@ def main(argv=None) -> int:
                     help="runs at further budgets (folders or CSVs; absent or empty ones skipped)")
     ap.add_argument("--out", required=True, help="JSON file to write")
     ap.add_argument("--quick", action="store_true", help="small restarts, bootstrap and draws (CI)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="seed of the fits, resamples and simulations (default 0)")
     a = ap.parse_args(argv)
     settings, t0 = dict(QUICK if a.quick else FULL), time.perf_counter()
     seeds = [p for p in a.seeds if Path(p).exists()]
