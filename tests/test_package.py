@@ -130,6 +130,14 @@ def test_the_wheel_works_outside_the_checkout(tmp_path):
                             "print(looped.__file__); print(c.CHECKOUT); print(c.REPO)"],
                            cwd=work, capture_output=True, text=True, env=env, check=True).stdout.split("\n")
     assert where[0].startswith(str(tmp_path / "env")) and where[1] == "None" and where[2] == str(work)
+    repo = tmp_path / "a-repository"  # run from inside another git repository: its commit is not ours
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false", "commit", "-q",
+                    "--allow-empty", "-m", "x"], cwd=repo, check=True)
+    commit = subprocess.run([str(python), "-c", "from looped.train import git_commit; print(git_commit())"],
+                            cwd=repo, capture_output=True, text=True, env=env, timeout=300)
+    assert commit.stdout.strip() == "None", commit.stdout + commit.stderr
     assert looped_("--version") == f"looped {looped.__version__}\n"
     fitted = looped_("fit", "my_runs.csv", "--restarts", "20")
     assert "joint law fit: 30 runs" in fitted and "phi" in fitted
