@@ -54,7 +54,7 @@ def test_figures_draw(tmp_path):
     figures.plot_predicted_vs_observed(axes[1, 1], refit, minima)
     fig.savefig(tmp_path / "f.png")
     plt.close(fig)
-    assert figures.r_color(4) == figures.R_COLORS[4] and figures.r_color(3) == "0.5"
+    assert figures.r_color(4) == figures.R_COLORS[4] and figures.r_color(3) == "0.75"
 
 
 def test_html_table_is_stable_and_takes_other_pairs():

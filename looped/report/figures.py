@@ -64,7 +64,8 @@ def draw_topology(ax=None, r: int = 4, preset: str = "paper", injection: str | N
     cfg = model_config(preset, r=r, s=10, injection=injection, lanes=lanes, bptt_k=bptt_k)
     if ax is None:
         _, ax = plt.subplots(figsize=(10, 3.2))
-    colors = dict(io="#e8e8e8", once="#9ecae1", rec="#fdae6b", inj="#c7e9c0", norm="#f0f0f0")
+    # pale fills name the kind of block only; the loop arrow takes the colour of r (`r_color`)
+    colors = dict(io="#e8e8e8", once="#9ecae1", rec="#d9cce6", inj="#c7e9c0", norm="#f0f0f0")
     y = 0.0
     xs = dict(emb=0.6, pre=2.0, inj=3.6, rec=5.3, norm=6.8, coda=8.3, head=9.7)
     _box(ax, xs["emb"], y, 1.25, 0.8, "embed\n+ RMSNorm", colors["io"])
@@ -80,11 +81,11 @@ def draw_topology(ax=None, r: int = 4, preset: str = "paper", injection: str | N
             _arrow(ax, xs[a] + wa / 2, y, xs[b] - wb / 2, y)
         # the loop: from the shared norm back to the injection, run r times
         ax.annotate("", xy=(xs["inj"], y + 0.42), xytext=(xs["norm"], y + 0.42),
-                    arrowprops=dict(arrowstyle="-|>", color="#d95f02", lw=2.0,
+                    arrowprops=dict(arrowstyle="-|>", color=r_color(cfg.r), lw=2.0,
                                     connectionstyle="arc3,rad=0.55"))
         grad = "" if cfg.k_bwd == cfg.r else f", gradient through last {cfg.k_bwd}"
         ax.text((xs["inj"] + xs["norm"]) / 2, y + 1.45, f"state s, repeated r = {cfg.r} times{grad}",
-                ha="center", va="center", fontsize=9, color="#d95f02")
+                ha="center", va="center", fontsize=9, color=r_color(cfg.r))
         # e, the prelude output, feeds every injection
         ax.annotate("", xy=(xs["inj"], y - 0.42), xytext=(xs["pre"] + 0.3, y - 0.42),
                     arrowprops=dict(arrowstyle="-|>", color="0.45", lw=1.0, ls="--",

@@ -250,9 +250,12 @@ def plot_compute_optimal(axes, frontier, minima=None, paper_gaps=None, budget_ra
 def plot_phi_profile(ax, profiles: dict, marks: dict | None = None):
     """Fit objective against a fixed phi (`looped.studies.phi_fits.phi_profile`), one curve per data set
     (``profiles``: label -> profile table), each relative to its own minimum; ``marks``: label ->
-    (value, lo, hi) drawn as a point with an interval at the bottom (e.g. the paper's estimate)."""
-    colors = [OURS_COLOR, "0.35", "#8172b3", "#937860"]
-    for (label, prof), c in zip(profiles.items(), colors):
+    (value, lo, hi) drawn as a vertical line with its interval as a band (e.g. the paper's estimate).
+    Colours follow the palette: a profile whose label names the paper (the paper's data) and the
+    marks are the paper's orange, the first other profile is ours (black), any further one grey."""
+    others = iter([OURS_COLOR, "0.45", "0.7"])
+    for label, prof in profiles.items():
+        c = PAPER_COLOR if "paper" in label.lower() else next(others, "0.7")
         ax.plot(prof["phi"], prof["relative"], "o-", ms=3.5, lw=1.5, color=c, label=label)
     for label, (v, lo, hi) in (marks or {}).items():
         ax.axvspan(lo, hi, color=PAPER_COLOR, alpha=0.15, lw=0)
@@ -267,7 +270,7 @@ def plot_phi_profile(ax, profiles: dict, marks: dict | None = None):
 def plot_phi_forest(entries, ax=None, reference: float = PAPER_PHI, reference_ci=PAPER_PHI_CI):
     """Forest plot of estimates of phi: one row per estimate, a point with its 95% interval as a
     horizontal bar (a point alone where there is none), the paper's (orange squares) just above
-    ours (blue circles) in the band of each fit, a vertical line and band at the paper's joint
+    ours (black circles) in the band of each fit, a vertical line and band at the paper's joint
     estimate and interval, and thin lines at phi = 0 and 1.
 
     ``entries``: a DataFrame or a list of (label, source, phi, lo, hi) rows, source 'paper' or

@@ -1,12 +1,28 @@
-"""The book's palette: one colour per number of recurrences r (`R_COLORS`, the same in every
-figure), one colour and one marker per training budget (its place on its grid, so a budget looks
-the same wherever it appears), our estimates against the published ones, and the axis style
-shared by `looped.report.figures` and `looped.report.fit_figures`.  Matplotlib is imported inside
-the two functions that need it: `looped.report.prose` reads the palette's symbols without plotting.
+"""The book's palette: one colour per meaning, the same in every figure.
+
+* **Number of recurrences r** (`R_COLORS`, Okabe-Ito, colour-blind safe): r = 1, the plain model,
+  mid grey; the looped models blue (r = 2), bluish green (r = 4) and reddish purple (r = 8).
+* **Source of an estimate**: ours black (`OURS_COLOR`: circles and solid lines, with our
+  bootstrap intervals), the paper's orange (`PAPER_COLOR`: squares and dashed lines, its
+  published interval as an orange band).  Neither is an r colour, so orange always means "the
+  paper", never "r = 8"; a figure that colours by r codes the source by marker and line style
+  instead, as its legend says.
+* **Training budget** (`budget_color`, `budget_marker`): viridis at the budget's place on its grid,
+  with one marker per budget, so a budget looks the same wherever it appears.
+* Other greys (bands, reference lines, the legend's marker-only entries) and the pale fills of
+  the architecture diagram carry no meaning of their own; an r outside the paper's four is light
+  grey.
+
+The axis style shared by `looped.report.figures` and `looped.report.fit_figures` lives here too.
+Matplotlib is imported inside the functions that need it: `looped.report.prose` reads the
+palette's symbols without plotting.  Imported inside a Jupyter kernel (a chapter), the module
+also switches the kernel's inline figures to PNG at twice the resolution (`hidpi_inline_figures`),
+so the book's figures stay sharp on high-density screens.
 """
 from __future__ import annotations
 
 import math
+import sys
 from functools import lru_cache
 
 import pandas as pd
@@ -14,15 +30,16 @@ import pandas as pd
 from ..studies.registry import GRID_FILES
 from .formatting import eng
 
-# one colour per r (colour-blind safe, Okabe-Ito): the plain model dark grey, looped models
-# blue, green, vermillion in order of r
-R_COLORS = {1: "#444444", 2: "#0072b2", 4: "#009e73", 8: "#d55e00"}
+# one colour per r (colour-blind safe, Okabe-Ito): the plain model mid grey, the looped models
+# blue, bluish green, reddish purple in order of r; no orange (the paper's) and no black (ours)
+R_COLORS = {1: "#7f7f7f", 2: "#0072b2", 4: "#009e73", 8: "#cc79a7"}
 
 
 BUDGET_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 
-OURS_COLOR, PAPER_COLOR = "#4c72b0", "#dd8452"   # our estimates beside the published ones
+# our estimates beside the published ones: black and Okabe-Ito orange, outside the r colours
+OURS_COLOR, PAPER_COLOR = "#000000", "#e69f00"
 
 
 LEGEND_FONTSIZE = 9       # the smallest text in a figure; panels are sized so this stays readable
@@ -32,8 +49,8 @@ _SYMBOLS = {"phi": "φ", "alpha": "α", "beta": "β"}
 
 
 def r_color(r) -> str:
-    """The colour of r in every figure (grey for an r outside the paper's four)."""
-    return R_COLORS.get(int(r), "0.5")
+    """The colour of r in every figure (light grey for an r outside the paper's four)."""
+    return R_COLORS.get(int(r), "0.75")
 
 
 @lru_cache(maxsize=None)
@@ -89,3 +106,28 @@ def plain_log_axis(axis):
     axis.set_major_locator(LogLocator(base=10, subs=(1.0, 3.0)))
     axis.set_major_formatter(FuncFormatter(lambda v, _: eng(v, 3)))
     axis.set_minor_formatter(NullFormatter())
+
+
+def hidpi_inline_figures(fmt: str = "retina") -> bool:
+    """Show the inline figures of the running Jupyter kernel as ``fmt`` ('retina': PNG at twice
+    the figure's dpi, displayed at its nominal size; 'svg' or 'png' also work).  Returns whether
+    a kernel was found; outside one (a script, the tests) it does nothing.  Called when this
+    module is imported, so every chapter that draws with the palette gets sharp figures without a
+    line of its own, and the setting outlasts a later ``%matplotlib inline``."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is None or not hasattr(shell, "kernel"):
+        return False
+    try:
+        from matplotlib_inline.config import InlineBackend
+    except ImportError:   # no inline backend installed: leave the kernel as it is
+        return False
+    cfg = InlineBackend.instance(parent=shell)
+    cfg.shell = shell
+    cfg.figure_formats = {fmt}      # its observer selects the formatters on the shell now
+    from IPython.core.pylabtools import select_figure_formats
+    select_figure_formats(shell, cfg.figure_formats, **cfg.print_figure_kwargs)
+    return True
+
+
+hidpi_inline_figures()
