@@ -8,17 +8,25 @@ Chromium (/usr/bin/chromium, from Debian; Playwright never downloads a browser h
 fails on console errors, uncaught page errors, failed or non-2xx local requests, and any
 request that leaves localhost (the book must work offline).  On the chapters it also fails on a
 table wider than the text column (clipped), an index column without a name, and a number printed
-with an exponent ('1e+13') in the prose.  A full-page screenshot of every chapter goes to
-_build/screenshots/.
+with an exponent ('1e+13') in the prose.  On every page it fails on TeX that reached the reader
+unrendered (`tex_leaks`): a `$...$` span, a TeX command such as `\\mathrm` or `\\varphi`, or a
+braced sub- or superscript (`N_{eff}`) in the visible text, outside math, code and signatures.
+A full-page screenshot of every chapter goes to _build/screenshots/.
+
+    python .ci/check_html.py --tex-only [_build/html]
+
+runs only the TeX check, on the HTML files as built (no browser needed).
 """
 from __future__ import annotations
 
 import functools
 import http.server
 import os
+import re
 import shutil
 import sys
 import threading
+from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -40,6 +48,100 @@ READER_CHECKS = r"""() => {
   });
   return out;
 }"""
+# TeX that reached the page unrendered.  A `$...$` span follows MyST's rule for inline math (no
+# space just inside either dollar), so "$5 and $10" is not one; a TeX command is a backslash and
+# letters (or a TeX spacing command such as `\,`); a braced sub/superscript is `_{...}` / `^{...}`.
+TEX_PATTERNS = (
+    ("a $...$ span", re.compile(r"\$\$[^$]+\$\$|(?<![\\$])\$(?=[^\s$])[^$\n]*?(?<=[^\s\\])\$(?!\d)")),
+    ("a TeX command", re.compile(r"\\(?:[A-Za-z]{2,}|[,;:!])")),
+    ("a braced sub/superscript", re.compile(r"[_^]\{[^{}\n]{1,40}\}")),
+)
+# elements whose text is not prose: code, rendered math (MathML, MathJax), scripts, API signatures
+_SKIP_TAGS = {"script", "style", "pre", "code", "kbd", "samp", "tt", "math", "svg", "textarea", "head",
+              "template", "noscript", "mjx-container"}
+_SKIP_CLASSES = {"math", "MathJax", "MathJax_Preview", "mjx-container", "highlight", "cell_input", "sig",
+                 "headerlink", "literal"}
+_BLOCK_TAGS = {"p", "div", "li", "td", "th", "tr", "h1", "h2", "h3", "h4", "h5", "h6", "br", "dt", "dd",
+               "section", "article", "table", "caption", "figcaption", "blockquote", "ul", "ol", "dl",
+               "details", "summary", "aside", "nav", "main", "header", "footer", "hr", "img", "figure",
+               "label", "button", "option"}
+_VOID_TAGS = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "param",
+              "source", "track", "wbr"}
+
+
+class _VisibleText(HTMLParser):
+    """The text a reader sees, one line per block element, without code, math and scripts."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.stack: list[tuple[str, bool]] = []   # (tag, inside a skipped element)
+        self.parts: list[str] = []
+
+    def _skipping(self) -> bool:
+        return bool(self.stack) and self.stack[-1][1]
+
+    def handle_starttag(self, tag, attrs):
+        if tag in _BLOCK_TAGS:
+            self.parts.append("\n")
+        if tag in _VOID_TAGS:
+            return
+        classes = set((dict(attrs).get("class") or "").split())
+        skip = self._skipping() or tag in _SKIP_TAGS or bool(classes & _SKIP_CLASSES)
+        self.stack.append((tag, skip))
+
+    def handle_startendtag(self, tag, attrs):
+        if tag in _BLOCK_TAGS:
+            self.parts.append("\n")
+
+    def handle_endtag(self, tag):
+        if tag in _BLOCK_TAGS:
+            self.parts.append("\n")
+        for i in range(len(self.stack) - 1, -1, -1):   # close it and anything left open inside it
+            if self.stack[i][0] == tag:
+                del self.stack[i:]
+                break
+
+    def handle_data(self, data):
+        if not self._skipping():
+            self.parts.append(data)
+
+
+def visible_text(html: str) -> str:
+    """The visible text of an HTML page (`_VisibleText`): block elements on lines of their own."""
+    parser = _VisibleText()
+    parser.feed(html)
+    parser.close()
+    return "".join(parser.parts)
+
+
+def tex_leaks(html: str) -> list[str]:
+    """One problem per piece of unrendered TeX in the page's visible text (`TEX_PATTERNS`), with the
+    line it sits in; empty when every formula was rendered."""
+    out = []
+    for line in visible_text(html).splitlines():
+        line = " ".join(line.split())
+        for what, rx in TEX_PATTERNS:
+            for m in rx.finditer(line):
+                start = max(0, m.start() - 40)
+                out.append(f"raw TeX, {what} {m.group(0)!r}: ...{line[start:m.end() + 40]}...")
+    return list(dict.fromkeys(out))
+
+
+def tex_only(html_dir: Path) -> int:
+    """The TeX check alone, on the built HTML files (no browser)."""
+    failures = []
+    pages = sorted(p for p in html_dir.rglob("*.html")
+                   if not p.relative_to(html_dir).parts[0].startswith(("_", ".")))
+    for page in pages:
+        failures += [f"{page.relative_to(html_dir).as_posix()}: {p}" for p in tex_leaks(page.read_text())]
+    if failures:
+        print("\n".join(failures), file=sys.stderr)
+        print(f"check_html: {len(failures)} piece(s) of raw TeX in {len(pages)} pages", file=sys.stderr)
+        return 1
+    print(f"check_html: no raw TeX in {len(pages)} pages")
+    return 0
+
+
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync",
         "--disable-dev-shm-usage"]
@@ -66,11 +168,15 @@ class Handler(http.server.SimpleHTTPRequestHandler):
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    argv = sys.argv[1:] if argv is None else list(argv)
+    only_tex = "--tex-only" in argv
+    argv = [a for a in argv if a != "--tex-only"]
     html = Path(argv[0] if argv else ROOT / "_build" / "html").resolve()
     shots = html.parent / "screenshots"
     if not (html / "index.html").exists():
         sys.exit(f"check_html: {html} has no index.html; run `make book` first")
+    if only_tex:
+        return tex_only(html)
     shots.mkdir(parents=True, exist_ok=True)
     pages = sorted(p.relative_to(html).as_posix() for p in html.rglob("*.html")
                    if not p.relative_to(html).parts[0].startswith(("_", ".")))
@@ -111,6 +217,7 @@ def main(argv=None) -> int:
             page.wait_for_timeout(200)
             if page_path.startswith("book/") and not page_path.startswith("book/api"):
                 problems += page.evaluate(READER_CHECKS)
+            problems += tex_leaks(page.content())
             if page_path.startswith("book/"):
                 page.screenshot(path=str(shots / (Path(page_path).stem + ".png")), full_page=True)
             status = "ok" if not problems else f"{len(problems)} problem(s)"

@@ -1,0 +1,73 @@
+"""The HTML check's reader-side rules that run without a browser: no raw TeX on any page
+(`.ci/check_html.py`'s `tex_leaks`), on small HTML snippets."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("check_html", ROOT / ".ci" / "check_html.py")
+check_html = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(check_html)
+
+
+def page(body: str) -> str:
+    return f"<!DOCTYPE html><html><head><title>$x$ \\alpha</title></head><body><article>{body}</article></body></html>"
+
+
+@pytest.mark.parametrize("body, found", [
+    ("<p>Our $r = 2$ pays 0.065 nats.</p>", "$r = 2$"),
+    ("<p>the size term $\\alpha A N_\\mathrm{eff}^{-\\alpha}$ here</p>", "$\\alpha A"),
+    ("<li>with <em>$\\varphi$</em> fixed</li>", "$\\varphi$"),
+    ("<p>gap: αA N_\\mathrm{eff}</p>", "\\mathrm"),
+    ("<p>a thin space 0.1\\,nats</p>", "\\,"),
+    ("<td>N_{eff}</td>", "_{eff}"),
+    ("<p>$$L = E + A N^{-\\alpha}$$</p>", "$$L = E"),
+    ("<ul><li>one<li>and $x$ in an unclosed item</ul>", "$x$"),
+    ("<div class='cell_output'><table><tr><th>$\\varphi$</th></tr></table></div>", "$\\varphi$"),
+    ("<nav><a href='#'>Is $\\varphi$ a constant?</a></nav>", "$\\varphi$"),
+])
+def test_unrendered_tex_is_found(body, found):
+    leaks = check_html.tex_leaks(page(body))
+    assert leaks and any(found in leak for leak in leaks), leaks
+
+
+@pytest.mark.parametrize("body", [
+    "<p>φ = 0.641, r = 2 and N<sub>eff</sub> as Unicode and HTML</p>",
+    # rendered math: MathML (this book) or MathJax, with the TeX kept as an annotation
+    "<p>with <span class='math notranslate nohighlight'><math><mi>φ</mi><semantics><annotation "
+    "encoding='application/x-tex'>\\varphi</annotation></semantics></math></span> fixed</p>",
+    "<p><mjx-container class='MathJax'>$r = 2$ \\varphi</mjx-container></p>",
+    # code is not prose
+    "<p>run <code class='docutils literal'>echo $HOME$ \\n</code> first</p>",
+    "<div class='highlight'><pre>x = '$a$' + r'\\mathrm{b}'</pre></div>",
+    "<div class='cell_input'><p>$x$</p></div>",
+    "<dl><dt class='sig sig-object py'>f(pattern='$[a-z]+$')</dt><dd>plain text</dd></dl>",
+    # dollars that are not math (MyST's rule: no space just inside either dollar)
+    "<p>it costs $5 and $10, or $5-$10 a day</p>",
+    # a span never runs across two block elements
+    "<p>one $a</p><p>b$ two</p>",
+    "<p>a line<br>$<br/>and another</p><img src='x.png' alt='$x$'>",
+    "<script>var s = '$x$ \\\\alpha';</script><style>a::after { content: '\\\\2014' }</style>",
+])
+def test_rendered_math_code_and_plain_dollars_pass(body):
+    assert check_html.tex_leaks(page(body)) == []
+
+
+def test_the_page_title_is_not_visible_text():
+    assert check_html.tex_leaks(page("<p>fine</p>")) == []
+
+
+def test_tex_only_mode_checks_the_built_files(tmp_path, capsys):
+    (tmp_path / "book").mkdir()
+    (tmp_path / "_static").mkdir()
+    (tmp_path / "index.html").write_text(page("<p>fine</p>"))
+    (tmp_path / "_static" / "skipped.html").write_text(page("<p>$x$</p>"))   # theme files are not pages
+    (tmp_path / "book" / "ch.html").write_text(page("<p>φ fine</p>"))
+    assert check_html.main(["--tex-only", str(tmp_path)]) == 0
+    (tmp_path / "book" / "ch.html").write_text(page("<p>Our $r = 2$ pays</p>"))
+    assert check_html.main(["--tex-only", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "book/ch.html: raw TeX, a $...$ span '$r = 2$'" in err and "1 piece(s) of raw TeX in 2 pages" in err
