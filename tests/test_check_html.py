@@ -71,3 +71,13 @@ def test_tex_only_mode_checks_the_built_files(tmp_path, capsys):
     assert check_html.main(["--tex-only", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert "book/ch.html: raw TeX, a $...$ span '$r = 2$'" in err and "1 piece(s) of raw TeX in 2 pages" in err
+
+
+def test_api_pages_may_write_plain_text_subscripts(tmp_path):
+    doc = page("<dd><p>compares it with e + s_0 + … + s_{i-1} recomputed</p></dd>")
+    assert check_html.tex_leaks(doc) and not check_html.tex_leaks(doc, braces=False)
+    assert check_html.tex_leaks(page("<p>with $\\varphi$ fixed</p>"), braces=False)   # but no $...$ there either
+    (tmp_path / "book").mkdir()
+    (tmp_path / "index.html").write_text(page("<p>fine</p>"))
+    (tmp_path / "book" / "api_core.html").write_text(doc)
+    assert check_html.main(["--tex-only", str(tmp_path)]) == 0
