@@ -116,20 +116,21 @@ def draw_topology(ax=None, r: int = 4, preset: str = "paper", injection: str | N
 def plot_accounting_vs_r(ax=None, s_values=(6, 10, 20, 34), phi: float = PAPER_PHI, preset: str = "paper"):
     """FLOPs/token, unique N and N_eff relative to the plain r=1 model at the same width."""
     import matplotlib.pyplot as plt
-    import seaborn as sns
 
     grid = accounting_grid(preset, s_values=s_values, phi=phi)
     base = grid[grid.r == 1].set_index("s")
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 4))
-    palette = dict(
-        zip(("training FLOPs / token", f"effective N (φ = {phi})", "unique N"), sns.color_palette("deep", 3))
-    )
+    # three quantities, told apart by grey level, marker and line style: the palette's colours
+    # mean r and the source of an estimate, neither of which this figure shows
+    style = {"training FLOPs / token": dict(color="0.15", marker="o", ls="-"),
+             f"effective N (φ = {phi})": dict(color="0.45", marker="s", ls="--"),
+             "unique N": dict(color="0.65", marker="^", ls=":")}
     # one line per width, all in one style: the ratios hardly depend on the width, so they overlap
     for s in s_values:
         g = grid[grid.s == s]
-        for label, col in zip(palette, ("flops_per_token", "n_eff", "n")):
-            ax.plot(g.r, g[col] / base.loc[s, col], marker="o", ms=4, lw=1.2, color=palette[label],
+        for label, col in zip(style, ("flops_per_token", "n_eff", "n")):
+            ax.plot(g.r, g[col] / base.loc[s, col], ms=4.5, lw=1.4, **style[label],
                     label=label if s == s_values[0] else None)
     ax.set_xscale("log", base=2)
     ax.set_xticks(list(R_VALUES), [str(r) for r in R_VALUES])
