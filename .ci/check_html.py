@@ -124,10 +124,12 @@ def tex_leaks(html: str, braces: bool = True) -> list[str]:
     patterns = [p for p in TEX_PATTERNS if braces or not p[0].startswith("a braced")]
     for line in visible_text(html).splitlines():
         line = " ".join(line.split())
+        seen = line          # a command inside a $...$ span already reported is not reported again
         for what, rx in patterns:
-            for m in rx.finditer(line):
+            for m in rx.finditer(seen):
                 start = max(0, m.start() - 40)
                 out.append(f"raw TeX, {what} {m.group(0)!r}: ...{line[start:m.end() + 40]}...")
+            seen = rx.sub(lambda m: " " * len(m.group(0)), seen)
     return list(dict.fromkeys(out))
 
 

@@ -81,3 +81,8 @@ def test_api_pages_may_write_plain_text_subscripts(tmp_path):
     (tmp_path / "index.html").write_text(page("<p>fine</p>"))
     (tmp_path / "book" / "api_core.html").write_text(doc)
     assert check_html.main(["--tex-only", str(tmp_path)]) == 0
+
+
+def test_one_report_per_span():
+    leaks = check_html.tex_leaks(page("<p>per e-fold of $\\alpha A N_\\mathrm{eff}^{-\\alpha}$, and \\varphi</p>"))
+    assert len(leaks) == 2 and "a $...$ span" in leaks[0] and "'\\\\varphi'" in leaks[1], leaks
