@@ -143,7 +143,7 @@ def test_the_committed_results_rerun_in_small(tmp_path):
     """CI's reduced rerun of `looped paired` on the committed runs: every point estimate within 0.01
     of the committed full run's (its intervals come from far fewer resamples), and the chapters'
     reading of the committed file."""
-    from looped.report import paired_text, tables
+    from looped.report import tables
     committed = ps.read_results()
     out = tmp_path / "paired.json"
     with warnings.catch_warnings():
@@ -155,41 +155,11 @@ def test_the_committed_results_rerun_in_small(tmp_path):
     for name, res in committed["studies"].items():
         mine = quick["studies"][name]["estimates"].set_index("estimator").estimate
         assert np.allclose(mine, res["estimates"].set_index("estimator").estimate, atol=0.01), name
-        assert len(tables.paired_estimates(res)) == 3 and "Δφ" in paired_text.paired_reading(res, -0.04)
-
-
-def _estimates(paired, offset, paper=(0.0, -0.1, 0.1)):
-    rows = [dict(estimator=k, estimate=e, lo=lo, hi=hi, n=30)
-            for k, (e, lo, hi) in (("paper", paper), ("paired", paired), ("paired_offset", offset))]
-    sim = pd.DataFrame([dict(estimator=k, coverage=c, sd=sd, n_reps=100, bias=0.0)
-                        for k, c, sd in (("paper", 1.0, 0.03), ("paired", 0.97, 0.012), ("paired_offset", 0.95, 0.02))])
-    return {"estimates": pd.DataFrame(rows), "simulation": sim}
-
-
-def test_the_key_line_says_what_the_offset_does_and_which_estimate_is_read():
-    from looped.report import paired_text
-    flips = paired_text.paired_key(_estimates((0.25, 0.15, 0.3), (-0.26, -0.44, -0.14)), 0.19)
-    assert "+0.250 [+0.150, +0.300], on the paper's side" in flips and "do not identify" in flips
-    lost = paired_text.paired_key(_estimates((-0.05, -0.07, -0.02), (-0.02, -3.0, 0.03)), -0.07,
-                                  matched=_estimates((-0.007, -0.015, 0.001), (0.0, -0.02, 0.04)))
-    assert "no longer resolved" in lost and "At matched tokens, -0.007 [-0.015, +0.001], which contains zero" in lost
-    assert "search range" not in lost             # no resample reached the edge: nothing to say
-    edge = _estimates((-0.05, -0.07, -0.02), (-0.02, -3.0, 0.03))
-    edge["estimates"]["boot_at_bound"] = [0.0, 0.0, 0.03]
-    said = paired_text.paired_key(edge, -0.07)
-    assert "-3.000, +0.030] (its lower end is the edge of the search range, reached by 3% of resamples, not a" in said
-    same = paired_text.paired_key(_estimates((0.05, 0.02, 0.08), (0.04, 0.01, 0.07)), -0.07)
-    assert "on the other side of zero" in same and "offset" not in same
-    assert "covers" not in same and "cover the truth 97% of the time with an SD of 0.012, against 0.030" in same
-
-
-def test_the_paired_verdict_follows_one_rule():
-    from looped.report.paired_text import paired_reproduced
-    assert paired_reproduced(_estimates((0.25, 0.15, 0.3), (-0.26, -0.44, -0.14)), 0.19).startswith("not identified")
-    assert paired_reproduced(_estimates((-0.05, -0.07, -0.02), (-0.02, -3.0, 0.03)), -0.07) == \
-        "yes (not resolved with an offset free)"
-    assert paired_reproduced(_estimates((0.05, 0.02, 0.08), (0.04, 0.01, 0.07)), -0.07) == "no (opposite sign)"
-    assert paired_reproduced(_estimates((0.01, -0.02, 0.04), (0.04, 0.01, 0.07)), -0.07).startswith("not resolved")
+        assert len(tables.paired_estimates(res)) == 3
+    models = quick["studies"]["hyper"]["models"].set_index("model").estimate
+    assert np.allclose(models, committed["studies"]["hyper"]["models"].set_index("model").estimate, atol=0.01)
+    check = committed["studies"]["truncated"]["token_check"]
+    assert quick["studies"]["truncated"]["token_check"] == pytest.approx(check)   # no resampling: exact
 
 
 def with_controls(dphi, offsets):

@@ -9,10 +9,9 @@ from ..fit import at_bounds
 from ..law import as_law, residuals
 from ..solver import HI, LAW_PARAMS, LO
 from ..studies.analysis import gap_side, gaps_by_budget, same_width_pairs
-from ..studies.case_studies import CELL_NOISE, CaseStudy, token_gain
+from ..studies.case_studies import CaseStudy, token_gain
 from ..studies.paper import PAPER_PHI, PAPER_PHI_CI, paper_fits, paper_table
 from .palette import _SYMBOLS as _SYMBOL
-from .study_text import study_label
 
 
 def residual_pattern(cells: "pd.DataFrame") -> str:
@@ -220,94 +219,6 @@ def edge_notes(cs: CaseStudy) -> list:
                 notes.append(f"the {end} end of the {label} fit's φ interval, {v:.3f}, is the edge of the fitting "
                              f"box: some resamples ran into it, so the interval is open on that side")
     return notes
-
-
-def verdict(cs: CaseStudy, paper_delta: float, study: str = "") -> str:
-    """A paragraph (Markdown) reading a case study's change in phi beside the paper's: direction,
-    agreement with the paper's sign, the paired interval and any estimates on the box edge."""
-    if not cs.ok:
-        return (f"Our case-study fit is not available: {cs.note}.  Rerun this chapter once the "
-                f"`{study or cs.name}` sweep has finished.")
-    d = cs.delta_phi
-    agrees = "agrees with" if (d > 0) == (paper_delta > 0) else "goes against"
-    ci = cs.delta_phi_ci
-    if ci is None:
-        certainty = "There is no paired interval, since the two tables do not cover the same cells."
-    elif ci[1] < 0 or ci[0] > 0:
-        certainty = (f"The paired bootstrap interval, [{ci[0]:+.3f}, {ci[1]:+.3f}], excludes zero, "
-                     "so our data resolve the direction.")
-    else:
-        certainty = (f"The paired bootstrap interval, [{ci[0]:+.3f}, {ci[1]:+.3f}], contains zero: our "
-                     "runs do not resolve the direction.")
-    where = study_label(study) if study else "our runs"
-    text = (f"On {where} the {cs.name} refit gives a {'lower' if d < 0 else 'higher'} φ than the baseline, "
-            f"by {abs(d):.3f}; this {agrees} the paper's direction ({paper_delta:+.3f}).  {certainty}")
-    (b_lo, b_hi), (v_lo, v_hi) = (res.ci.get("phi", (float("nan"),) * 2) for res in (cs.baseline, cs.variant))
-    if (v_hi - v_lo) > 2 * (b_hi - b_lo):   # False when either interval is missing (nan)
-        text += (f"  The {cs.name} fit pins φ down far less well than the baseline: its own 95% interval, "
-                 f"[{v_lo:.3f}, {v_hi:.3f}], is {(v_hi - v_lo) / (b_hi - b_lo):.0f} times as wide as the baseline's, "
-                 f"so on these budgets its runs constrain φ only loosely.")
-    notes = edge_notes(cs)
-    if notes:
-        text += "  Note that " + "; ".join(notes) + "."
-    return text
-
-
-def cells_vs_phi(cells, cs: CaseStudy, what: str) -> str:
-    """A paragraph (Markdown) setting the cell-by-cell comparison (`case_study_cells`) against the
-    fitted change in phi, written from the numbers: where the variant wins, whether its advantage
-    grows or shrinks steadily with r, what the law would then expect of phi, and whether the fit
-    agrees.  ``what`` names the variant's runs ("truncated", "hyperconnection")."""
-    if not len(cells):
-        return "No (budget, r) cell has runs of both kinds yet."
-    by_r = cells.groupby("r")["delta"].mean()
-    r_lo, r_hi = int(by_r.index.min()), int(by_r.index.max())
-    better = int((cells["delta"] < 0).sum())
-    gain_lo, gain_hi = -by_r.loc[r_lo], -by_r.loc[r_hi]
-    text = (f"The {what} runs reach the lower best loss in {better} of {len(cells)} cells; averaged "
-            f"over budgets, the difference is " + ", ".join(f"{v:+.3f} nats at r = {int(r)}" for r, v in by_r.items())
-            + ".  ")
-    gains = (-by_r).to_numpy()
-    steps = np.diff(gains)
-    fitted = ""
-    if cs.ok:
-        ci = cs.delta_phi_ci
-        fitted = (f"  The fitted change in φ, {cs.delta_phi:+.3f}"
-                  + (", has a paired interval that contains zero." if ci is not None and ci[0] <= 0 <= ci[1] else "."))
-    if abs(gain_hi - gain_lo) < CELL_NOISE and np.ptp(gains) < 2 * CELL_NOISE:
-        return text + (f"The advantage is the same at every r to within the seed-to-seed scatter of single runs "
-                       f"(about {CELL_NOISE} nats), which under the law says little about φ: a change in φ shows up "
-                       f"as an advantage that grows (φ up) or shrinks (φ down) with r." + fitted)
-    if abs(gain_hi - gain_lo) >= CELL_NOISE and np.all(steps > -CELL_NOISE) and gain_hi > gain_lo:
-        grows = True
-    elif abs(gain_hi - gain_lo) >= CELL_NOISE and np.all(steps < CELL_NOISE) and gain_hi < gain_lo:
-        grows = False
-    else:
-        best = int(by_r.index[int(np.argmax(gains))])
-        return text + (f"The advantage does not change steadily with r (it is largest at r = {best}), so the cells "
-                       f"show no clear sign of a change in φ, which would make it grow (φ up) or shrink (φ down) "
-                       f"with r." + fitted)
-    text += (
-        f"The advantage {'grows' if grows else 'shrinks'} with r (from {gain_lo:+.3f} to {gain_hi:+.3f} nats "
-        f"in favour of the {what} runs), which under the law is the signature of a {'higher' if grows else 'lower'} φ: "
-        f"the more recurrences, the {'more' if grows else 'less'} the change is worth."
-    )
-    if not cs.ok:
-        return text
-    consistent = (cs.delta_phi > 0) == grows
-    ci = cs.delta_phi_ci
-    unresolved = ci is not None and ci[0] <= 0 <= ci[1]
-    if consistent:
-        return text + f"  The fitted change in φ, {cs.delta_phi:+.3f}, points the same way."
-    text += (f"  The fitted change in φ, {cs.delta_phi:+.3f}, points the other way.  The two views weigh different "
-             f"things: the cells compare single best runs, while the refit moves all six parameters of the law at "
-             f"once (here E goes from {cs.baseline.E:.3f} to {cs.variant.E:.3f} nats, α from "
-             f"{cs.baseline.alpha:.3f} to {cs.variant.alpha:.3f}), and φ trades off against them.  Two budgets do "
-             f"not identify E, so these shifts describe the fit, not the models.")
-    if unresolved:
-        text += ("  Since the paired interval of the change contains zero, the fit does not establish a direction "
-                 "at all; the cell-by-cell differences are the more direct reading of these runs.")
-    return text
 
 
 def reproduced(cs: CaseStudy, paper_delta: float) -> str:

@@ -149,14 +149,14 @@ def simulate_estimators(main_df, variant_df, true_dphi, n_reps=None, seed=0, con
 def main(argv=None) -> int:
     """`python -m looped.studies.paired_study --out runs/analysis/paired.json [--quick] [--runs runs]`."""
     ap = argparse.ArgumentParser(prog="looped paired", description="Paired case-study estimators.")
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--runs", default="runs")
+    ap.add_argument("--out", required=True, help="results file to write (JSON), e.g. runs/analysis/paired.json")
+    ap.add_argument("--runs", default="runs", help="folder holding the record folders of every arm (default: runs)")
     ap.add_argument("--quick", action="store_true", help="few restarts, resamples and simulation reps")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="seed of the fits, resamples and simulation (default 0)")
     ap.add_argument(
         "--seed-sd", type=float, default=None, help="simulation noise (nats); default: measured, else 0.011"
     )
-    ap.add_argument("--reps", type=int, default=None)
+    ap.add_argument("--reps", type=int, default=None, help="simulation replications (default: 100, --quick 4)")
     ap.add_argument("--same-runs-as", default=None, metavar="JSON",
                     help="a results file of this command: rerun on exactly the runs it used (sweeps add runs)")
     ap.add_argument("--true-dphi", type=float, default=None, help="default: each study's paired estimate")
@@ -184,6 +184,8 @@ def main(argv=None) -> int:
             var = arms[name]
             if not len(var):
                 continue
+            print(f"looped paired: {name} ({len(var)} runs) after {time.perf_counter() - t0:.0f} s", file=sys.stderr,
+                  flush=True)
             if name == "hyper" and len(arms["control_hyper"]):
                 var = pd.concat([var, arms["control_hyper"]], ignore_index=True)
             P = pairs(main_df, var, ctl)
