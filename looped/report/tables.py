@@ -306,7 +306,8 @@ def scale_comparison(ours: str = "cpu-main", paper: str = "paper-main") -> pd.Da
 # The paired analysis runs on every run of each arm, seed-43/44 replicates included, so its "paper's
 # protocol" row is not the refit of the seed-42 runs the chapter shows above it.
 ESTIMATOR_LABELS = {"paper": "the paper's protocol (each arm refitted), replicates included",
-                    "paired": "paired, law held at the main fit", "paired_offset": "paired, plus one offset for every r"}
+                    "paired": "paired, law held at the main fit",
+                    "paired_offset": "paired, plus one offset for every r"}
 
 
 def paired_estimates(res: dict) -> pd.DataFrame:
