@@ -83,7 +83,7 @@ notebooks: venv  ## regenerate the executed nbval references book/NN_*.ipynb fro
 analysis: venv  ## rerun `looped robustness` and `looped paired`, then regenerate the chapters that read them
 	$(PY) -m looped robustness --out runs/analysis/robustness.json
 	$(PY) -m looped paired --out runs/analysis/paired.json
-	$(PY) tools/notebooks.py 04_fit 05_truncation 06_hyperconnections 08_phi_constant appendix_external
+	$(PY) tools/notebooks.py 04_fit 05_truncation 06_hyperconnections 07_what_phi_buys 08_phi_constant appendix_external
 
 test: test-unit test-nbval
 
