@@ -153,5 +153,5 @@ def test_gaps_reading_says_which_way_the_gaps_move():
     paper = _runs(0.5).assign(s=lambda df: np.log2(df.budget / df.tokens).round())
     ours = paper.assign(loss=paper.loss + 0.02 * np.log10(paper.budget / 1e17) * (paper.r == 4))
     text = prose.gaps_reading(ours, paper, _fit(0.5), _fit(0.5).law)
-    assert "r = 4$ gap" in text and "(it grows)" in text and "(it changes little)" in text
+    assert "r = 4 gap" in text and "$" not in text and "(it grows)" in text and "(it changes little)" in text
     assert "nan" not in text

@@ -123,7 +123,7 @@ def gaps_reading(runs, paper_runs, law, paper_law) -> str:
     ours, paper = gaps_by_budget(runs), gaps_by_budget(paper_runs)
     r = int(ours.columns.max())
     (o0, o1), (p0, p1) = ends(ours), ends(paper)
-    text = (f"From the lowest to the highest budget the $r = {r}$ gap goes from {o0:+.3f} to {o1:+.3f} nats in our "
+    text = (f"From the lowest to the highest budget the r = {r} gap goes from {o0:+.3f} to {o1:+.3f} nats in our "
             f"runs (it {trend(o0, o1)}) and from {p0:+.3f} to {p1:+.3f} in the paper's law on its grid (it "
             f"{trend(p0, p1)}).  ")
     split = []
@@ -132,9 +132,10 @@ def gaps_reading(runs, paper_runs, law, paper_law) -> str:
         slope = float(fitted.size_slope(np.exp(np.log(at_r["n_eff"]).mean())))
         split.append((float(at_r["log_ratio"].mean()), slope))
     (lo, so), (lp, sp) = split
-    return text + (f"A larger gap need not mean a smaller $\\varphi$: a gap is about the size term's fall per e-fold "
-                   f"of $N_\\mathrm{{eff}}$, $\\alpha A N_\\mathrm{{eff}}^{{-\\alpha}}$, times the log of the two "
-                   f"models' $N_\\mathrm{{eff}}$ ratio.  At $r = {r}$ our $\\varphi$ puts that ratio at {lo:.2f} "
+    # plain Unicode: math in a Markdown output is not rendered on the page
+    return text + (f"A larger gap need not mean a smaller φ: a gap is about the size term's fall per e-fold "
+                   f"of N_eff, α·A·N_eff^(−α), times the log of the two "
+                   f"models' N_eff ratio.  At r = {r} our φ puts that ratio at {lo:.2f} "
                    f"e-folds against {lp:.2f} on the paper's grid, but at our model sizes the size term falls "
                    f"{so:.2f} nats per e-fold against {sp:.2f} at the paper's, so the products are {lo * so:.3f} and "
                    f"{lp * sp:.3f} nats.")
