@@ -7,7 +7,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 # No MPLBACKEND here: chapter kernels must keep the inline backend, or figures vanish from
 # the notebooks and the book (unit tests set Agg in tests/conftest.py).
 unexport MPLBACKEND
-# Chapters refit the same studies (chapter 6 repeats fits of chapters 4 and 5; `make test` then
+# Chapters refit the same studies (chapter 6 repeats fits of chapters 3 and 5; `make test` then
 # `make book` execute every chapter twice): looped.fit keeps each fit here, keyed by its runs,
 # arguments and the fitter's source, and reuses it.  `make clean` empties it.
 export LOOPED_FIT_CACHE ?= $(CURDIR)/_build/fit-cache
@@ -83,7 +83,7 @@ notebooks: venv  ## regenerate the executed nbval references book/NN_*.ipynb fro
 analysis: venv  ## rerun `looped robustness` and `looped paired`, then regenerate the chapters that read them
 	$(PY) -m looped robustness --out runs/analysis/robustness.json
 	$(PY) -m looped paired --out runs/analysis/paired.json
-	$(PY) tools/notebooks.py 04_fit 05_truncation 06_hyperconnections 07_what_phi_buys 08_phi_constant appendix_external
+	$(PY) tools/notebooks.py 03_fit 05_truncation 06_hyperconnections 07_what_phi_buys 04_phi_constant appendix_external
 
 test: test-unit test-nbval
 

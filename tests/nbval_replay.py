@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Replay a chapter's code the way nbval does and print what its checked cells output, as JSON.
 
-    python tests/nbval_replay.py 04_fit --out a.json             # plain replay
-    python tests/nbval_replay.py 04_fit --jitter 3 --out b.json  # input losses times (1 + 1e-12 u), u ~ U(-1, 1)
+    python tests/nbval_replay.py 03_fit --out a.json             # plain replay
+    python tests/nbval_replay.py 03_fit --jitter 3 --out b.json  # input losses times (1 + 1e-12 u), u ~ U(-1, 1)
 
 Used by tests/test_nbval_stability.py: the chapter's code cells (from the MyST source, default
 parameters, working directory book/) run one after another in an IPython shell, and for every
@@ -91,10 +91,10 @@ def install_jitter(seed: int) -> None:
             return jitter_frame(original(*args, **kwargs))
         setattr(module, name, jittered)
 
-    wrap(paper, "runs_from_minima")      # the paper's 24 minima as runs (chapter 4)
+    wrap(paper, "runs_from_minima")      # the paper's 24 minima as runs (chapter 3)
     wrap(paper, "paper_table")           # the paper's tables: minima L*, ablation losses, residuals
-    wrap(paper, "synthetic_runs")        # synthetic runs (chapter 4)
-    original_records = records.iter_records   # every run record read (study tables, fits: chapters 3-6)
+    wrap(paper, "synthetic_runs")        # synthetic runs (chapter 3)
+    original_records = records.iter_records   # every run record read (study tables, fits: chapters 2-6)
 
     def jittered_records(*args, **kwargs):
         for path, rec in original_records(*args, **kwargs):
@@ -146,7 +146,7 @@ def replay(stem: str, jitter: int | None = None, stop_after: int | None = None) 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("chapter", help="chapter stem, e.g. 04_fit")
+    ap.add_argument("chapter", help="chapter stem, e.g. 03_fit")
     ap.add_argument("--jitter", type=int, default=None, help="seed of the relative 1e-12 loss jitter")
     ap.add_argument("--stop-after", type=int, default=None, help="run code cells 0 to this index only")
     ap.add_argument("--out", required=True, help="JSON file for the checked cells' text")

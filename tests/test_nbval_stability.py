@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import nbval_replay  # noqa: E402
 
 JITTER_SEEDS = (1, 2, 3)
-JITTERED = ("03_sweep", "04_fit", "05_truncation", "06_hyperconnections", "07_what_phi_buys")
-TORCH_CELLS = {"02_architecture": None,      # chapter 2: live models throughout (whole chapter)
+JITTERED = ("02_sweep", "03_fit", "05_truncation", "06_hyperconnections", "07_what_phi_buys")
+TORCH_CELLS = {"01_architecture": None,      # chapter 1: live models throughout (whole chapter)
                "05_truncation": 5,          # code cells 0-5: the truncation check on a live model
                "06_hyperconnections": 5}    # code cells 0-5: the hyperconnection init check
 
@@ -123,17 +123,17 @@ def test_checked_records_then_checks_against_the_recorded_reference(tmp_path, mo
     monkeypatch.setattr(checks, "REFERENCE_DIR", tmp_path)
     tol = {"phi": 0.01, "A": "5%"}
     monkeypatch.setenv(checks.RECORD_ENV, "1")
-    recorded = checks.checked("04_fit/joint", {"phi": 0.4391234567, "A": 28.0, "other": 1.0}, tol)
-    assert json.loads((tmp_path / "04_fit.json").read_text()) == {"joint": {"phi": 0.439123, "A": 28.0}}
+    recorded = checks.checked("03_fit/joint", {"phi": 0.4391234567, "A": 28.0, "other": 1.0}, tol)
+    assert json.loads((tmp_path / "03_fit.json").read_text()) == {"joint": {"phi": 0.439123, "A": 28.0}}
     monkeypatch.delenv(checks.RECORD_ENV)
     # another machine: the value moved by less than the tolerance, the text is the same
-    assert checks.checked("04_fit/joint", {"phi": 0.4352, "A": 28.9}, tol) == recorded
+    assert checks.checked("03_fit/joint", {"phi": 0.4352, "A": 28.9}, tol) == recorded
     assert recorded.splitlines() == ["phi  within 0.01 of the reference 0.439123",
                                      "A    within 5% of the reference 28"]
     with pytest.raises(checks.ReferenceMismatch, match="phi = 0.46"):
-        checks.checked("04_fit/joint", {"phi": 0.46, "A": 28.0}, tol)   # a regression fails the cell
+        checks.checked("03_fit/joint", {"phi": 0.46, "A": 28.0}, tol)   # a regression fails the cell
     with pytest.raises(checks.ReferenceMismatch, match="make notebooks"):
-        checks.checked("04_fit/halves", {"phi": 0.4}, {"phi": 0.01})    # never recorded
-    assert "no reference" in checks.checked("04_fit/joint", {"phi": 0.9, "A": 1.0}, tol, active=False)
+        checks.checked("03_fit/halves", {"phi": 0.4}, {"phi": 0.01})    # never recorded
+    assert "no reference" in checks.checked("03_fit/joint", {"phi": 0.9, "A": 1.0}, tol, active=False)
     with pytest.raises(ValueError):
         checks.checked("joint", {"phi": 0.4}, {"phi": 0.01})

@@ -2,7 +2,7 @@
 """Regenerate the nbval reference notebooks: book/NN_*.md (MyST) -> book/NN_*.ipynb, executed.
 
     python tools/notebooks.py                 # every chapter listed in _toc.yml
-    python tools/notebooks.py 02_architecture # only these (names or paths)
+    python tools/notebooks.py 01_architecture # only these (names or paths)
     python tools/notebooks.py --check         # fail if an .ipynb's code differs from its .md
 
 Chapters are converted with jupytext and executed in place with papermill (kernel python3,
