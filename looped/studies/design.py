@@ -27,6 +27,7 @@ from ..records import COLUMNS, read_records
 from .analysis import iso_flop_cells, main_design, study_table
 from .estimate import cpu_estimate
 from .registry import STUDIES, load_study
+from .replicates import spread
 
 
 def pilot_optima(study: str = "prose-pilot", runs_dir=None, tokens_per_param=(10.0, 40.0)) -> pd.DataFrame:
@@ -75,14 +76,9 @@ def lr_sweep(study: str = "prose-lr", runs_dir=None, tolerance: float = 0.01) ->
 
 def seed_spread(study: str = "prose-seeds", runs_dir=None) -> pd.DataFrame:
     """Per configuration (budget, r, s): the final losses of its seeds, their standard deviation
-    and range: the noise floor that a fit's residuals cannot go below."""
+    and range (`replicates.spread`): the noise floor that a fit's residuals cannot go below."""
     rec = _ok_records(study, runs_dir)
-    rows = []
-    for (budget, r, s), g in rec.groupby(["budget", "r", "s"], sort=True):
-        rows.append(dict(budget=budget, r=int(r), s=s, seeds=len(g), mean=float(g.loss.mean()),
-                         std=float(g.loss.std(ddof=1)) if len(g) > 1 else np.nan,
-                         range=float(g.loss.max() - g.loss.min())))
-    return pd.DataFrame(rows)
+    return spread(rec, ["budget", "r", "s"]).drop(columns="ss").astype({"r": int}) if len(rec) else pd.DataFrame()
 
 
 def batch_comparison(study: str = "prose-batch", runs_dir=None) -> pd.DataFrame:

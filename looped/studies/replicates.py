@@ -35,6 +35,14 @@ def _replicates(*tables) -> pd.DataFrame:
     return runs.drop_duplicates(["config", "seed", "data_order", "_l"]).reset_index(drop=True)
 
 
+def spread(runs, by) -> pd.DataFrame:
+    """Per group of runs that differ only in their seed (columns `by`): seeds, mean loss, its SD
+    (ddof 1; NaN for a lone run), range and ss (sum of squared deviations, what `replicate_sd` pools)."""
+    g = runs.groupby(list(by), sort=True)["loss"]
+    return pd.DataFrame({"seeds": g.size(), "mean": g.mean(), "std": g.std(ddof=1), "range": g.max() - g.min(),
+                         "ss": g.apply(lambda v: ((v - v.mean()) ** 2).sum())}).reset_index()
+
+
 def replicate_sd(*tables, design=None) -> dict:
     """Pooled within-group SD of the loss (pure error): groups are runs of one configuration under
     one protocol (the fixed data order, or each seed with its own permuted order), so a systematic
@@ -43,8 +51,8 @@ def replicate_sd(*tables, design=None) -> dict:
     runs = _replicates(*tables)
     if design is not None:
         runs = runs[runs["config"].isin(set(_config_key(check_runs(design, need=()))))]
-    g = runs.groupby(["config", "protocol"])["loss"]
-    n, ss = g.size(), float(g.apply(lambda v: ((v - v.mean()) ** 2).sum()).sum())
+    groups = spread(runs, ["config", "protocol"])
+    n, ss = groups["seeds"], float(groups["ss"].sum())
     dof = int((n[n > 1] - 1).sum())
     return dict(seed_sd=math.sqrt(ss / dof) if dof else math.nan, df_pe=dof, n_groups=int((n > 1).sum()),
                 n_replicate_runs=int(n[n > 1].sum()))
