@@ -3,7 +3,8 @@
 
     python tools/notebooks.py                 # every chapter listed in _toc.yml
     python tools/notebooks.py 01_architecture # only these (names or paths)
-    python tools/notebooks.py --check         # fail if an .ipynb's code differs from its .md
+    python tools/notebooks.py --check         # fail if an .ipynb's code or cell tags differ from its .md
+    python tools/notebooks.py --sync 03_fit   # only the Markdown or tags changed: copy them, keep the outputs
 
 Chapters are converted with jupytext and executed in place with papermill (kernel python3,
 default parameters, cwd = book/, the same working directory that jupyter-book and nbval use).
@@ -40,6 +41,34 @@ def chapters() -> list[Path]:
 
 def code_sources(nb) -> list[str]:
     return [c.source.strip() for c in nb.cells if c.cell_type == "code"]
+
+
+def code_tags(nb) -> list[list[str]]:
+    return [list(c.metadata.get("tags", [])) for c in nb.cells if c.cell_type == "code"]
+
+
+def sync(md: Path) -> Path:
+    """The .md's Markdown cells and tags, with the outputs of the executed .ipynb: for edits of the
+    prose or of a cell's visibility, which do not change what the code prints."""
+    import jupytext
+    import nbformat
+    ipynb = md.with_suffix(".ipynb")
+    old = nbformat.read(ipynb, as_version=4)
+    nb = jupytext.read(md)
+    if code_sources(nb) != code_sources(old):
+        raise SystemExit(f"{md.name}: its code changed; run `make notebooks` (--sync keeps outputs only)")
+    executed = iter(c for c in old.cells if c.cell_type == "code")
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            ran = next(executed)
+            cell.outputs, cell.execution_count = ran.outputs, ran.execution_count
+            cell.metadata = {**ran.metadata, "tags": cell.metadata.get("tags", [])}
+            if not cell.metadata["tags"]:
+                del cell.metadata["tags"]
+    nb.metadata = old.metadata
+    stable_ids(nb)
+    nbformat.write(nb, ipynb)
+    return ipynb
 
 
 def strip_volatile(nb) -> None:
@@ -108,10 +137,13 @@ def check(mds: list[Path]) -> int:
             print(f"missing {ipynb.relative_to(ROOT)}: run `make notebooks`")
             bad += 1
             continue
-        want = code_sources(jupytext.read(md))
-        have = [s for s in code_sources(nbformat.read(ipynb, as_version=4))]
-        if want != have:
+        src, ran = jupytext.read(md), nbformat.read(ipynb, as_version=4)
+        if code_sources(src) != code_sources(ran):
             print(f"stale {ipynb.relative_to(ROOT)}: its code differs from {md.name}; run `make notebooks`")
+            bad += 1
+        elif code_tags(src) != code_tags(ran):
+            print(f"stale {ipynb.relative_to(ROOT)}: its cell tags differ from {md.name}; "
+                  f"run `python tools/notebooks.py --sync {md.stem}`")
             bad += 1
     return 1 if bad else 0
 
@@ -120,6 +152,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("names", nargs="*", help="chapters to rebuild (default: all in _toc.yml)")
     ap.add_argument("--check", action="store_true", help="only check that the .ipynb match the .md")
+    ap.add_argument("--sync", action="store_true", help="copy Markdown and tags from the .md, keep outputs")
     a = ap.parse_args(argv)
     mds = chapters()
     if a.names:
@@ -131,6 +164,10 @@ def main(argv=None) -> int:
             return 2
     if a.check:
         return check(mds)
+    if a.sync:
+        for md in mds:
+            sync(md)
+        return 0
     for md in mds:
         build(md)
     return 0

@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""The book's shape, read from the executed chapters (book/*.ipynb): words, tables, code cells.
+
+    python tools/book_stats.py          # one row per page and the totals
+    python tools/book_stats.py --json   # the same as JSON (tests/test_book_voice.py reads it)
+
+Words written by code: Markdown that a cell displays, plus glued strings of more than three
+words (a short label such as "overlaps" is a verdict, not prose).  Words on the page: the
+Markdown cells (code blocks, directives' options and HTML comments left out) plus those.
+Tables: Markdown tables in the text plus HTML tables in the outputs.  Code cells are "visible",
+"toggleable" (hide-input / hide-cell) or "removed" (remove-input / remove-cell); at least half
+should be readable (visible or toggleable).
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BOOK = ROOT / "book"
+
+FENCE = re.compile(r"^(```|~~~).*?^\1\s*$", re.S | re.M)
+COMMENT = re.compile(r"<!--.*?-->", re.S)
+OPTION = re.compile(r"^:\w[\w-]*:.*$", re.M)
+ROLE = re.compile(r"\{glue:\w+\}`[^`]*`")          # a glued value counts once, where it is produced
+HTML_TABLE = re.compile(r"<table\b", re.I)
+
+
+def words(text: str) -> int:
+    return len(re.findall(r"[A-Za-z0-9φβα][\w'’.,%-]*", text))
+
+
+def markdown_words(src: str) -> tuple[int, int]:
+    """(words, Markdown tables) of a Markdown cell's prose."""
+    src = COMMENT.sub(" ", src)
+    body = FENCE.sub(" ", src)
+    tables = len(re.findall(r"^\|[ :-]+\|[ |:-]*$", body, re.M))
+    body = OPTION.sub(" ", ROLE.sub(" ", body))
+    body = re.sub(r"\$\$.*?\$\$|\$[^$\n]+\$", " ", body, flags=re.S)   # math is not words
+    return words(body), tables
+
+
+def code_visibility(cell) -> str:
+    tags = set(cell.get("metadata", {}).get("tags", []))
+    if tags & {"remove-input", "remove-cell"}:
+        return "removed"
+    if tags & {"hide-input", "hide-cell"}:
+        return "toggleable"
+    return "visible"
+
+
+def generated(output) -> tuple[int, int]:
+    """(words written by code, HTML tables) of one cell output."""
+    data = output.get("data", {})
+    glue = output.get("metadata", {}).get("scrapbook")
+    n_words, n_tables = 0, len(HTML_TABLE.findall("".join(data.get("text/html", ""))))
+    md = "".join(data.get("text/markdown", ""))
+    if md:
+        n_words += words(COMMENT.sub(" ", md))
+    elif glue and "text/plain" in data and not data.get("text/html") and "image/png" not in data:
+        text = "".join(data["text/plain"]).strip()
+        if text[:1] in "'\"":                                   # a glued str (its repr)
+            n = words(text.strip("'\""))
+            n_words += n if n > 3 else 0
+    return n_words, n_tables
+
+
+def page_stats(nb_path: Path) -> dict:
+    nb = json.loads(nb_path.read_text())
+    row = dict(page=nb_path.stem, words=0, generated_words=0, tables=0,
+               code=0, visible=0, toggleable=0, removed=0)
+    for cell in nb["cells"]:
+        src = "".join(cell["source"])
+        if cell["cell_type"] == "markdown":
+            w, t = markdown_words(src)
+            row["words"] += w
+            row["tables"] += t
+        elif cell["cell_type"] == "code":
+            row["code"] += 1
+            row[code_visibility(cell)] += 1
+            for out in cell.get("outputs", []):
+                w, t = generated(out)
+                row["generated_words"] += w
+                row["tables"] += t
+    row["words"] += row["generated_words"]
+    return row
+
+
+def pages() -> list[Path]:
+    toc = (ROOT / "_toc.yml").read_text()
+    stems = re.findall(r"file:\s*book/(\S+)", toc)
+    return [BOOK / f"{s}.ipynb" for s in stems if (BOOK / f"{s}.ipynb").exists()]
+
+
+def stats() -> dict:
+    rows = [page_stats(p) for p in pages()]
+    total = {k: sum(r[k] for r in rows) for k in rows[0] if k != "page"}
+    return dict(pages=rows, total=total)
+
+
+if __name__ == "__main__":
+    s = stats()
+    if "--json" in sys.argv:
+        print(json.dumps(s, indent=1))
+        sys.exit(0)
+    cols = ["words", "generated_words", "tables", "code", "visible", "toggleable", "removed"]
+    print(f"{'page':22s}" + "".join(f"{c:>16s}" for c in cols))
+    for r in s["pages"] + [dict(page="total", **s["total"])]:
+        print(f"{r['page']:22s}" + "".join(f"{r[c]:>16d}" for c in cols))
+    t = s["total"]
+    print(f"readable code cells: {(t['visible'] + t['toggleable']) / t['code']:.0%}")
