@@ -106,7 +106,7 @@ html-check: venv  ## after `make book` (builds it first only if there is no buil
 	$(PY) .ci/check_html.py _build/html
 
 corpus: venv  ## download the prose corpus's pinned sources (~380 MB) into data/sources (CI skips it)
-	$(PY) -m looped.corpus fetch
+	$(PY) -m looped.data.corpus fetch
 
 clean:
 	rm -rf _build .pytest_cache

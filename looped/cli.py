@@ -10,7 +10,7 @@ COMMANDS = {  # name -> (module, function, one-line help)
     "sweep": ("looped.studies.sweep", "main", "run (or size, with --dry-run) a named study, resumably"),
     "runs": ("looped.studies.sweep", "runs_main", "print a study's runs table and export the fitter's CSV"),
     "fit": ("looped.fit_cli", "main", "fit the joint scaling law (phi) to a runs table"),
-    "data": ("looped.data", "main", "prepare tokenizer and data shards"),
+    "data": ("looped.data.dataset", "main", "prepare tokenizer and data shards"),
     "bench": ("looped.studies.bench", "main", "benchmarks: `bench train`, `bench fit`, `bench profile`"),
     "robustness": (
         "looped.studies.robustness",

@@ -17,19 +17,19 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from . import data
+from .data import dataset
 
 PREPARE_TIMEOUT_S = 12 * 3600  # a full FineWeb-Edu tokenization on one node fits easily
 
 
 def prepare_once(preset, data_dir=None, timeout_s: float = PREPARE_TIMEOUT_S, prepare=None) -> Path:
-    """`data.prepare(preset, data_dir)` on rank 0 only; every rank returns the dataset path.
+    """`dataset.prepare(preset, data_dir)` on rank 0 only; every rank returns the dataset path.
 
-    Without an initialised process group (one process) it is `data.prepare`.  The dataset
+    Without an initialised process group (one process) it is `dataset.prepare`.  The dataset
     folder must be visible to every rank (one node, or a shared file system); the other
-    ranks check it (`data.prepare` finds the finished build and returns at once).
-    `prepare` replaces data.prepare (tests)."""
-    prepare = prepare or data.prepare
+    ranks check it (`dataset.prepare` finds the finished build and returns at once).
+    `prepare` replaces dataset.prepare (tests)."""
+    prepare = prepare or dataset.prepare
     if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
         return Path(prepare(preset, data_dir=data_dir))
     group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
@@ -47,7 +47,7 @@ def prepare_once(preset, data_dir=None, timeout_s: float = PREPARE_TIMEOUT_S, pr
         dist.destroy_process_group(group)
     status, value = message[0]
     if status != "ok":
-        raise data.DataError(f"rank 0 could not prepare the {preset} dataset: {value}")
+        raise dataset.DataError(f"rank 0 could not prepare the {preset} dataset: {value}")
     return Path(prepare(preset, data_dir=data_dir)) if dist.get_rank() else Path(value)
 
 

@@ -30,9 +30,10 @@ import numpy
 import torch
 import torch.distributed as dist
 
-from . import __version__, accounting, data, memory, optim
+from . import __version__, accounting, memory, optim
 from .checkpoint import Cadence, load_checkpoint, save_checkpoint
-from .config import CHECKOUT, ConfigError, get_preset, size_note, size_used
+from .config import CHECKOUT, ConfigError, DataError, get_preset, size_note, size_used
+from .data.dataset import Dataset
 from .dist import Dist, prepare_once
 from .io import atomic_write_json
 from .model import LoopedGPT
@@ -222,7 +223,7 @@ def train(tc: TrainConfig) -> dict:
         record_path.parent / "ckpt" / (record_path.stem + ".pt") if record_path else None)
 
     # under torchrun rank 0 builds the dataset while the others wait on a long-timeout group
-    dataset = data.Dataset(prepare_once(tc.preset, data_dir=tc.data_dir))
+    dataset = Dataset(prepare_once(tc.preset, data_dir=tc.data_dir))
     if dataset.n_rows("train") < steps * rows_per_step:
         raise TrainError(f"run needs {steps * rows_per_step} training rows but the corpus has "
                          f"{dataset.n_rows('train')}: lower the budget (runs never repeat data)")
@@ -433,7 +434,7 @@ def main(argv=None) -> int:
     options = given_options(ap.parse_args(argv))
     try:
         rec = train(TrainConfig(**options))
-    except (ConfigError, TrainError, data.DataError) as e:
+    except (ConfigError, TrainError, DataError) as e:
         print(f"looped train: error: {e}", file=sys.stderr)
         return 2
     if Dist().main:

@@ -1,4 +1,4 @@
-"""looped.corpus and the prose preset, on tiny synthetic sources (never the real downloads)."""
+"""looped.data.corpus and .containers, and the prose preset, on tiny synthetic sources (no real downloads)."""
 import gzip
 import hashlib
 import io
@@ -13,10 +13,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from looped import archives
-from looped import corpus as C
-from looped import data as D
 from looped.config import PRESETS
+from looped.data import containers
+from looped.data import corpus as C
+from looped.data import dataset as D
 
 # ------------------------------------------------------------------------------ fixture builders
 
@@ -199,18 +199,18 @@ def sources(tmp_path):
 @pytest.mark.parametrize("width", [10, 12])
 def test_sword_blocks_decode_in_order_and_skip_links(width):
     idx, data, verses = sword_module(CHAPTERS, width)
-    texts = archives.sword_entries(idx, data, verses)
+    texts = containers.sword_entries(idx, data, verses)
     assert texts == [e for ch in CHAPTERS for e in ch]  # the linked verse is read once
 
 
 def test_sword_bad_index_is_an_error():
     idx, data, verses = sword_module(CHAPTERS)
     with pytest.raises(C.SourceError):
-        archives.sword_entries(idx, data, verses[:-3] + b"\xff\xff\xff")
+        containers.sword_entries(idx, data, verses[:-3] + b"\xff\xff\xff")
 
 
 def test_osis_cleaning_and_chapter_documents():
-    docs = archives.osis_documents([e for ch in CHAPTERS for e in ch], "test")
+    docs = containers.osis_documents([e for ch in CHAPTERS for e in ch], "test")
     assert [k for k, _ in docs] == ["test/Gen.1", "test/Gen.2"]
     assert docs[0][1] == ["The Beginning", "In the beginning was light. Linked text here, and more.",
                           "A second paragraph."]
@@ -220,11 +220,11 @@ def test_osis_cleaning_and_chapter_documents():
 def test_deb_and_r_data(tmp_path):
     p = tmp_path / "a.deb"
     p.write_bytes(deb_bytes({"usr/share/x.txt": b"hello"}))
-    assert archives.deb_files(p) == {"usr/share/x.txt": b"hello"}
+    assert containers.deb_files(p) == {"usr/share/x.txt": b"hello"}
     p.write_bytes(b"not a deb")
     with pytest.raises(C.SourceError, match="not a Debian package"):
-        archives.deb_files(p)
-    assert archives._RData(r_xdr_named_list({"a": ["x", None, "yz"], "b": []})).item() == {
+        containers.deb_files(p)
+    assert containers._RData(r_xdr_named_list({"a": ["x", None, "yz"], "b": []})).item() == {
         "a": ["x", None, "yz"],
         "b": [],
     }
@@ -249,7 +249,7 @@ def test_documents_filter_dedup_and_keep_boundaries(sources):
     assert "&amp;" not in text and "Drop & Co." in text          # entities decoded
     assert "_" not in text and "Emma Woodhouse, handsome, clever, and rich, with a comfortable home" in text
     # the Quoref/DROP passage appears in four tasks, the Gutenberg excerpt in two: kept once each
-    assert text.count(archives.tidy(sentence(0))) == 1
+    assert text.count(containers.tidy(sentence(0))) == 1
     assert text.count(sentence(205)) == 1
     assert not any(sentence(212) in p for _, ps in docs for p in ps)  # mostly-seen excerpt dropped
     assert [k for k in ids if k.startswith("austen/")] == ["austen/emma/0", "austen/emma/1", "austen/emma/2"]
@@ -318,7 +318,7 @@ def test_prose_split_is_disjoint(sources):
 
 
 def test_prepare_prose_without_sources_is_one_line(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "looped.data", "prepare", "--preset", "prose",
+    r = subprocess.run([sys.executable, "-m", "looped.data.dataset", "prepare", "--preset", "prose",
                         "--data-dir", str(tmp_path / "d"), "--source", str(tmp_path / "none")],
                        capture_output=True, text=True)
     assert r.returncode == 2

@@ -1,4 +1,4 @@
-"""looped.data: packing rules, shard integrity, caching, fixed-order reading.  No network."""
+"""looped.data.dataset and .packing: packing rules, shard integrity, caching, fixed-order reading.  No network."""
 import json
 import os
 import random
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from looped import data as D
-from looped import packing
 from looped.config import PRESETS
+from looped.data import dataset as D
+from looped.data import packing
 
 BOS = 0
 
@@ -260,7 +260,7 @@ def test_paper_pipeline_on_local_files(tmp_path, monkeypatch):
     # a local tokenizer.json (stand-in for Llama-2's, so its digest stands in for Llama-2's) works the same way
     tok = D.train_bpe(D.fineweb_texts(tmp_path / "fw"), 300)
     tok.save(tmp_path)
-    from looped import tokenizers
+    from looped.data import tokenizers
 
     monkeypatch.setattr(
         tokenizers, "LLAMA2_DIGEST", tokenizers.vocabulary_digest(D.load_tokenizer(tmp_path / "tokenizer.json"))
@@ -329,10 +329,10 @@ def test_prepare_reuses_valid_and_rebuilds_corrupt(tmp_path):
 
 def test_concurrent_prepare_builds_once(tmp_path):
     write_corpus(tmp_path / "fw")
-    code = ("import sys; from dataclasses import replace; from looped import data, config; "
+    code = ("import sys; from dataclasses import replace; from looped import config; from looped.data import dataset; "
             "p = replace(config.PRESETS['paper'], seq_len=16, vocab_size=50257); "
-            "print(data.prepare(p, sys.argv[1], source=sys.argv[2], tokenizer='gpt2'))")
-    env = {**os.environ, "PYTHONPATH": str(Path(D.__file__).parent.parent)}
+            "print(dataset.prepare(p, sys.argv[1], source=sys.argv[2], tokenizer='gpt2'))")
+    env = {**os.environ, "PYTHONPATH": str(Path(D.__file__).parent.parent.parent)}
     procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "data"), str(tmp_path / "fw")],
                               stdout=subprocess.PIPE, text=True, env=env) for _ in range(2)]
     outs = [p.communicate(timeout=120)[0].strip() for p in procs]
@@ -345,7 +345,7 @@ def test_default_data_dir(monkeypatch, tmp_path):
     monkeypatch.setenv("LOOPED_DATA", str(tmp_path))
     assert D.default_data_dir() == tmp_path
     monkeypatch.delenv("LOOPED_DATA")
-    assert D.default_data_dir() == Path(D.__file__).resolve().parent.parent / "data"
+    assert D.default_data_dir() == Path(D.__file__).resolve().parent.parent.parent / "data"
 
 
 def test_cli(tiny, capsys):
@@ -361,7 +361,7 @@ def test_cli(tiny, capsys):
 def test_the_paper_preset_takes_only_llama2s_vocabulary(tmp_path, monkeypatch):
     """Any copy of Llama-2's tokenizer.json is accepted (ungated ones too), anything else is refused
     in one line; the check compares the vocabulary and merges' digests, not file bytes."""
-    from looped import tokenizers
+    from looped.data import tokenizers
     texts = write_corpus(tmp_path / "fw")
     tok = D.train_bpe(D.fineweb_texts(tmp_path / "fw"), 300)
     tok.save(tmp_path)
@@ -381,7 +381,7 @@ def test_a_llama2_copy_with_another_digest_passes_on_its_encodings(tmp_path, mon
     """The second route: a tokenizer whose digest differs (another converter's merge order) but
     which has Llama-2's size and encodes the fixed texts to Llama-2's ids is accepted; one id off
     and it is refused in one line.  A small local BPE stands in for Llama-2 (nothing downloaded)."""
-    from looped import tokenizers
+    from looped.data import tokenizers
     write_corpus(tmp_path / "fw")
     D.train_bpe(D.fineweb_texts(tmp_path / "fw"), 300).save(tmp_path)
     stand_in = D.load_tokenizer(tmp_path / "tokenizer.json")

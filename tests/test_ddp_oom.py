@@ -23,17 +23,18 @@ WORKER = textwrap.dedent("""
     import torch
     import torch.distributed as dist
     sys.path.insert(0, {repo!r})
-    from looped import data, train as trainer
+    from looped import train as trainer
+    from looped.data import dataset
     from looped.model import LoopedGPT
     dist.init_process_group("gloo", timeout=timedelta(seconds=20))  # a mismatch fails, never hangs
     rank = dist.get_rank()
     trainer.first_micro_batch = lambda cfg, rows, device: 2  # as a GPU's free memory would give
-    reads, rows = [], data.Dataset.rows
+    reads, rows = [], dataset.Dataset.rows
     def logged_rows(self, split, start, n):
         if split == "train":
             reads.append([start, n])
         return rows(self, split, start, n)
-    data.Dataset.rows = logged_rows
+    dataset.Dataset.rows = logged_rows
 
     class OutOfMemoryInBackward(torch.autograd.Function):
         @staticmethod
@@ -81,9 +82,9 @@ WORKER = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
-    from looped import data
+    from looped.data import dataset
     data_dir = tmp_path_factory.mktemp("data")
-    data.prepare("tiny", data_dir=data_dir)
+    dataset.prepare("tiny", data_dir=data_dir)
     script = tmp_path_factory.mktemp("worker") / "worker.py"
     script.write_text(WORKER.format(repo=str(REPO), data_dir=str(data_dir)))
     with socket.socket() as s:

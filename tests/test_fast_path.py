@@ -11,8 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from looped import data, optim
+from looped import optim
 from looped.config import model_config
+from looped.data import dataset
 from looped.model import LoopedGPT
 from looped.train import TrainConfig, fast_model, train
 
@@ -25,7 +26,7 @@ COMPILED_MODES = {"plain": dict(r=1), **MODES, "passthrough": dict(r=4, injectio
 
 @pytest.fixture(scope="module")
 def tiny_data():
-    return data.prepare("tiny")
+    return dataset.prepare("tiny")
 
 
 # ----------------------------------------------------------------------------- MuonH batched by shape
@@ -123,7 +124,7 @@ def test_default_is_the_fast_path():
 def test_cpu_preset_100_steps_fast_vs_eager(mode):
     """The issue's acceptance check: 100 steps of the `cpu` preset (d = 24), same seed and data,
     final validation loss of the fast path within 1e-3 relative of the eager reference."""
-    data.prepare("cpu")
+    dataset.prepare("cpu")
     eager = run(100, False, preset="cpu", s=6, **MODES[mode])
     fast = run(100, True, preset="cpu", s=6, **MODES[mode])
     assert fast["loss"] == pytest.approx(eager["loss"], rel=1e-3)

@@ -325,15 +325,15 @@ TRAIN_WORKER = textwrap.dedent("""
     from datetime import timedelta
     import torch.distributed as dist
     sys.path.insert(0, {repo!r})
-    from looped import data
+    from looped.data import dataset
     from looped.train import TrainConfig, train
     dist.init_process_group("gloo", timeout=timedelta(seconds=2))
-    real_prepare = data.prepare
+    real_prepare = dataset.prepare
     def slow_prepare(preset, data_dir=None, **kw):
         if dist.get_rank() == 0:
             time.sleep(5)          # longer than the default group's 2 s timeout
         return real_prepare(preset, data_dir=data_dir, **kw)
-    data.prepare = slow_prepare
+    dataset.prepare = slow_prepare
     rec = train(TrainConfig(preset="tiny", r=2, s=1, steps=2, micro_batch=2, compile=False, quiet=True,
                             data_dir={data_dir!r}))
     print("RESULT", dist.get_rank(), rec["status"], flush=True)
@@ -344,9 +344,9 @@ TRAIN_WORKER = textwrap.dedent("""
 @pytest.mark.timeout(300)
 def test_train_under_torchrun_outlasts_a_slow_rank0_prepare(tmp_path):
     # the real trainer, two gloo ranks: rank 0's dataset build outlasts the group's timeout
-    from looped import data
+    from looped.data import dataset
     data_dir = tmp_path / "data"
-    data.prepare("tiny", data_dir=data_dir)  # built once here; rank 0 still waits 5 s in prepare
+    dataset.prepare("tiny", data_dir=data_dir)  # built once here; rank 0 still waits 5 s in prepare
     script = tmp_path / "worker.py"
     script.write_text(TRAIN_WORKER.format(repo=str(REPO), data_dir=str(data_dir)))
     import socket

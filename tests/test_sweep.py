@@ -16,8 +16,9 @@ import pandas as pd
 import pytest
 import torch
 
-from looped import accounting, data
+from looped import accounting
 from looped.config import model_config
+from looped.data import dataset
 from looped.io import atomic_write_json
 from looped.records import run_state
 from looped.studies import estimate, registry, sweep
@@ -45,7 +46,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # the shared 2-core machine
 
 @pytest.fixture(scope="module")
 def grid_csv(tmp_path_factory):
-    data.prepare("tiny")
+    dataset.prepare("tiny")
     path = tmp_path_factory.mktemp("grid") / "grid.csv"
     pd.DataFrame(grid_rows(), columns=GRID_COLUMNS).to_csv(path, index=False)
     return path

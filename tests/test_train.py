@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from looped import accounting, data
+from looped import accounting
 from looped.config import ConfigError, model_config
+from looped.data import dataset
 from looped.io import atomic_write_json
 from looped.train import TrainConfig, TrainError, run_id, train
 from looped.train import main as train_main
@@ -40,7 +41,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # the shared 2-core machine
 
 @pytest.fixture(scope="module")
 def tiny_data():
-    return data.prepare("tiny")
+    return dataset.prepare("tiny")
 
 
 @pytest.fixture(scope="module")
@@ -327,7 +328,7 @@ def test_budget_sets_steps_through_accounting(tmp_path, tiny_data):
 
 
 def test_budget_beyond_the_corpus_is_refused(tmp_path, tiny_data, capsys):
-    rows = data.Dataset(tiny_data).n_rows("train")
+    rows = dataset.Dataset(tiny_data).n_rows("train")
     cfg = model_config("tiny", r=2, s=1)
     budget = accounting.flops_per_token(cfg) * 256 * (rows // 8 + 5)
     with pytest.raises(TrainError, match="never repeat data"):

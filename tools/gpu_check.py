@@ -46,9 +46,10 @@ import torch  # noqa: E402
 from gpu_kernels import CUDA, DEV, KernelPhases  # noqa: E402
 from gpu_summary import summary  # noqa: E402
 
-from looped import accounting, data, memory, packing  # noqa: E402
+from looped import accounting, memory  # noqa: E402
 from looped import train as trainer  # noqa: E402
 from looped.config import get_preset, model_config  # noqa: E402
+from looped.data import dataset, packing  # noqa: E402
 from looped.model import LoopedGPT  # noqa: E402
 from looped.options import TrainConfig  # noqa: E402
 
@@ -155,11 +156,11 @@ class DeviceCheck(KernelPhases):
         """A first-order Markov chain over `active` ids (4 successors, p = .55/.25/.15/.05: entropy
         floor 1.11 nats), BOS at position 0, written under the preset's dataset name in WORK."""
         p, T, plan = self.preset, self.T, self.plan
-        d = self.data_root / data.dataset_name(p)
+        d = self.data_root / dataset.dataset_name(p)
         n_train = max((1 + plan["timed"]) * self.rows, plan["grid_steps"] * self.rows,
                       plan["small_rows"] * max(plan["resume_steps"], plan["sweep_steps"]))
         n_val = 16
-        meta = data.check_dataset(d)
+        meta = dataset.check_dataset(d)
         if meta and meta.get("corpus") == "synthetic-markov" and meta["splits"]["train"]["rows"] >= n_train:
             return {"reused": str(d)}
         rng = np.random.default_rng(0)
@@ -180,11 +181,11 @@ class DeviceCheck(KernelPhases):
             packing.write_shard(d / f"{split}-000.bin", make(n), T + 1, p.vocab_size)
             splits[split] = {"shards": [f"{split}-000.bin"], "rows": n, "tokens": n * (T + 1), "docs": n, "waste": 0.0}
         (d / "meta.json").write_text(json.dumps({
-            "recipe": data.RECIPE, "name": d.name, "preset": p.name, "seq_len": T, "row_len": T + 1,
+            "recipe": dataset.RECIPE, "name": d.name, "preset": p.name, "seq_len": T, "row_len": T + 1,
             "corpus": "synthetic-markov", "tokenizer": "none", "bos_id": 0, "vocab_size": p.vocab_size,
             "splits": splits}, indent=1))
-        if not data.check_dataset(d):
-            raise RuntimeError("data.check_dataset rejects the synthetic dataset")
+        if not dataset.check_dataset(d):
+            raise RuntimeError("dataset.check_dataset rejects the synthetic dataset")
         return {"dir": str(d), "train_rows": n_train, "val_rows": n_val, "active_ids": active,
                 "entropy_floor_nats": 1.11, "unigram_nats": round(math.log(active), 3)}
 

@@ -17,9 +17,9 @@ import time
 import numpy as np
 import torch
 
-from looped import data
 from looped import train as trainer
 from looped.config import model_config
+from looped.data import dataset
 from looped.model import LoopedGPT
 from looped.optim import MuonH, polar_express
 
@@ -74,7 +74,7 @@ class KernelPhases:
         return out
 
     def batch(self, n):
-        return data.Dataset(self.data_root / data.dataset_name(self.preset)).rows("train", 0, n).to(DEV)
+        return dataset.Dataset(self.data_root / dataset.dataset_name(self.preset)).rows("train", 0, n).to(DEV)
 
     @staticmethod
     def loss_and_grads(model, call, b, bf16):

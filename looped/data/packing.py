@@ -15,8 +15,8 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from .config import DataError
-from .io import atomic_open
+from ..config import DataError
+from ..io import atomic_open
 
 # ----------------------------------------------------------------------------------------------
 # Packing

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from .config import DataError
+from ..config import DataError
 
 BOS = "<|bos|>"
 
