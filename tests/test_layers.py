@@ -1,7 +1,9 @@
 """The package's three layers: core (looped/) <- studies (looped/studies/) <- report (looped/report/).
 
 Imports flow one way: the core imports nothing from the other two, the studies nothing from the
-report, and nothing in the package imports the report.  The module graph has no cycles."""
+report, and nothing in the package imports the report.  The data pipeline (looped/data/) is part
+of the core: it imports only core modules, and among the other core modules only those that build
+or read a dataset import it.  The module graph has no cycles."""
 from __future__ import annotations
 
 import ast
@@ -11,6 +13,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "looped"
 RANK = {"core": 0, "studies": 1, "report": 2}
+DATA_MODULES = {"containers", "corpus", "dataset", "packing", "tokenizers"}  # looped/data/
+DATA_USERS = {"looped.train", "looped.dist", "looped.options", "looped.cli"}  # core modules that may import it
 
 
 def module_name(path: Path, package: Path = PACKAGE) -> str:
@@ -21,6 +25,12 @@ def module_name(path: Path, package: Path = PACKAGE) -> str:
 def layer(module: str) -> str:
     parts = module.split(".")
     return parts[1] if len(parts) > 2 and parts[1] in ("studies", "report") else "core"
+
+
+def top(module: str) -> str:
+    """The folder of the package a module sits in: 'data', 'studies', 'report', or '' (looped/)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in ("data", "studies", "report") else ""
 
 
 def imports(path: Path, package: Path = PACKAGE) -> set[str]:
@@ -38,10 +48,13 @@ def imports(path: Path, package: Path = PACKAGE) -> set[str]:
             if not target.startswith("looped"):
                 continue
             found.add(target)
-            found |= {f"{target}.{a.name}" for a in node.names
-                      if (package.parent / (f"{target}.{a.name}".replace(".", "/") + ".py")).exists()}
-    return {m for m in found if (package.parent / (m.replace(".", "/") + ".py")).exists()
-            or (package.parent / m.replace(".", "/") / "__init__.py").exists()}
+            found |= {f"{target}.{a.name}" for a in node.names}  # a module or sub-package imported by name
+    return {m for m in found if is_module(m, package)}
+
+
+def is_module(module: str, package: Path = PACKAGE) -> bool:
+    path = package.parent / module.replace(".", "/")
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
 
 
 def graph(package: Path = PACKAGE) -> dict[str, set[str]]:
@@ -54,8 +67,10 @@ def violations(g: dict[str, set[str]]) -> list[str]:
         for dep in deps:
             if layer(dep) != "core" and RANK[layer(dep)] > RANK[layer(mod)]:
                 bad.append(f"{mod} ({layer(mod)}) imports {dep} ({layer(dep)})")
-            if layer(dep) == "report" and layer(mod) == "report":
-                continue
+            elif top(mod) == "data" and top(dep) in ("studies", "report"):
+                bad.append(f"{mod} (data pipeline) imports {dep}")
+            elif top(dep) == "data" and top(mod) == "" and mod not in DATA_USERS:
+                bad.append(f"{mod} (core) imports {dep} (data pipeline)")
     return bad
 
 
@@ -105,21 +120,52 @@ def g_is_init(module: str) -> bool:
     return (PACKAGE.parent / module.replace(".", "/") / "__init__.py").exists()
 
 
-@pytest.mark.parametrize("bad", ["core_imports_report", "cycle"])
+def test_the_data_pipeline_is_a_core_subpackage():
+    """looped/data/ holds the pipeline's modules, all in the core layer and all in the graph the
+    checks above walk; outside itself it imports core modules only, and the trainer imports it."""
+    g = graph()
+    assert (PACKAGE / "data" / "__init__.py").exists()
+    data = {m for m in g if top(m) == "data"}
+    assert data == {"looped.data"} | {f"looped.data.{m}" for m in DATA_MODULES}
+    assert {layer(m) for m in data} == {"core"}
+    outside = {d for m in data for d in g[m] if top(d) != "data"}
+    assert outside and {top(d) for d in outside} == {""} and {layer(d) for d in outside} == {"core"}
+    users = {m for m, deps in g.items() if top(m) != "data" and any(top(d) == "data" for d in deps)}
+    assert "looped.train" in users and {m for m in users if top(m) == ""} <= DATA_USERS
+
+
+@pytest.mark.parametrize("bad", ["core_imports_report", "cycle", "data_imports_studies", "core_imports_data"])
 def test_the_check_catches_what_it_forbids(tmp_path, bad):
     pkg = tmp_path / "looped"
-    for sub in ("", "studies", "report"):
+    for sub in ("", "data", "studies", "report"):
         (pkg / sub).mkdir(parents=True, exist_ok=True)
         (pkg / sub / "__init__.py").write_text("")
     if bad == "core_imports_report":
         (pkg / "fit.py").write_text("from .report import tables\n")
         (pkg / "report" / "tables.py").write_text("from .. import fit\n")
         assert violations(graph(pkg)) == ["looped.fit (core) imports looped.report.tables (report)"]
-    else:
+    elif bad == "cycle":
         (pkg / "law.py").write_text("def f():\n    from .fit import x\n")
         (pkg / "fit.py").write_text("from looped.law import f\n")
         assert violations(graph(pkg)) == []
         assert cycles(graph(pkg)) == [["looped.fit", "looped.law"]]
+    elif bad == "data_imports_studies":
+        (pkg / "data" / "corpus.py").write_text("from .. import studies\nfrom ..report import tables\n")
+        (pkg / "report" / "tables.py").write_text("")
+        assert sorted(violations(graph(pkg))) == [
+            "looped.data.corpus (core) imports looped.report.tables (report)",
+            "looped.data.corpus (data pipeline) imports looped.report",
+            "looped.data.corpus (data pipeline) imports looped.studies",
+        ]
+    else:
+        (pkg / "data" / "dataset.py").write_text("from . import corpus\n")
+        (pkg / "data" / "corpus.py").write_text("")
+        (pkg / "train.py").write_text("from .data.dataset import Dataset\n")  # the trainer may
+        (pkg / "fit.py").write_text("from .data import corpus\n")  # the fitter may not
+        assert sorted(violations(graph(pkg))) == [
+            "looped.fit (core) imports looped.data (data pipeline)",
+            "looped.fit (core) imports looped.data.corpus (data pipeline)",
+        ]
 
 
 def test_every_core_module_has_its_api_page():

@@ -144,4 +144,5 @@ def test_the_wheel_works_outside_the_checkout(tmp_path):
     dry = looped_("sweep", "gpu-main", "--dry-run")
     assert re.search(r"^68 runs \(68 to do\)", dry, re.M), dry[-500:]
     assert "usage: looped bench fit" in looped_("bench", "fit", "--help")   # reads the paper's tables
+    assert "usage: looped data" in looped_("data", "--help")                # the looped.data sub-package
     assert sorted(p.name for p in work.iterdir()) == ["my_runs.csv"]          # a dry run writes nothing
