@@ -28,6 +28,7 @@ import scipy
 from . import records
 from .io import atomic_write_bytes
 from .law import FitError, Law
+from .resample import cell_resample, cells
 from .solver import HI, LAW_PARAMS, LO, THETA_PARAMS, RunArrays, law_loss, random_starts, solve_restarts
 
 REQUIRED = ("r", "n_once", "n_rec", "tokens", "loss")
@@ -186,12 +187,6 @@ class FitResult:
         return {k: (float(v) if isinstance(v, np.floating) else v) for k, v in d.items()}
 
 
-def _theta_to_params(theta, chinchilla: bool) -> dict:
-    a, al, b, be, e, ph = map(float, theta)
-    return {"A": math.exp(a), "alpha": al, "B": math.exp(b), "beta": be, "E": math.exp(e),
-            "phi": None if chinchilla else ph}
-
-
 def _parse_fix(fix: dict | None):
     """{'phi': 0.5, 'E': 1.7, ...} -> {index in theta: value in log-space coordinates}."""
     out = {}
@@ -220,21 +215,9 @@ def _r2(theta, data: RunArrays) -> float:
 
 
 def bootstrap_weights(df, rng: np.random.Generator, n_boot: int) -> np.ndarray:
-    """(n_boot, n) multiplicities: block bootstrap over (budget, r) cells, else over runs.
-
-    Cells are numbered in sorted order, so a runs table gives the same resamples, and the same
-    intervals, whatever the order of its rows."""
-    n = len(df)
-    if "budget" in df.columns:
-        keys = list(zip(df["budget"].to_numpy(float), df["r"].to_numpy(float)))
-        uniq = {k: i for i, k in enumerate(sorted(set(keys)))}
-        cell = np.array([uniq[k] for k in keys])
-        n_cells = len(uniq)
-        draws = rng.integers(0, n_cells, size=(n_boot, n_cells))
-        counts = np.stack([np.bincount(d, minlength=n_cells) for d in draws])
-        return counts[:, cell].astype(float)
-    draws = rng.integers(0, n, size=(n_boot, n))
-    return np.stack([np.bincount(d, minlength=n) for d in draws]).astype(float)
+    """(n_boot, n) multiplicities: block bootstrap over (budget, r) cells, else over runs
+    (`looped.resample`; cells in sorted order, so the row order does not change the intervals)."""
+    return cell_resample(cells(df) if "budget" in df.columns else np.arange(len(df)), rng, n_boot)
 
 
 def is_chinchilla(df) -> bool:
@@ -310,7 +293,7 @@ def _fit(df, restarts, seed, fix, bootstrap, boot_restarts, per_r, polish, chinc
     rng_starts, rng_boot, rng_bstarts = (np.random.default_rng(s) for s in ss.spawn(3))
     starts = random_starts(rng_starts, restarts, fixed)
     ((theta, fbest, minima),) = solve_restarts(data, starts, free, polish=polish)
-    params = _theta_to_params(theta, chinchilla)
+    params = Law.from_theta(theta, chinchilla).to_dict()
     res = FitResult(**params, r2=_r2(theta, data), huber=fbest, n_runs=len(df), restarts=restarts,
                     kind="chinchilla" if chinchilla else "joint",
                     fixed={LAW_PARAMS[i]: (math.exp(v) if i in (0, 2, 4) else v)

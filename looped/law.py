@@ -17,7 +17,7 @@ from scipy.optimize import brentq, minimize_scalar
 
 from . import accounting as acc
 from .config import R_VALUES, get_preset, model_config
-from .solver import LAW_PARAMS
+from .solver import LAW_PARAMS, RunArrays, log_law
 
 
 class FitError(ValueError):
@@ -53,6 +53,19 @@ class Law:
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in LAW_PARAMS}
 
+    @property
+    def theta(self) -> np.ndarray:
+        """The solver's coordinates (log A, alpha, log B, beta, log E, phi); a Chinchilla law's phi
+        is 0 (r^0 N_rec = N_rec)."""
+        return np.array([math.log(self.A), self.alpha, math.log(self.B), self.beta, math.log(self.E),
+                         0.0 if self.phi is None else self.phi])
+
+    @classmethod
+    def from_theta(cls, theta, chinchilla: bool = False) -> "Law":
+        """The law at solver coordinates theta (`Law.theta`); chinchilla: phi None."""
+        a, al, b, be, e, ph = map(float, theta[:6])
+        return cls(math.exp(a), al, math.exp(b), be, math.exp(e), None if chinchilla else ph)
+
     def replace(self, **changes) -> "Law":
         """This law with some parameters changed, e.g. ``law.replace(phi=0.5)``."""
         return dataclasses.replace(self, **changes)
@@ -69,9 +82,11 @@ class Law:
         return self.alpha * self.A * np.asarray(n_eff, float) ** (-self.alpha)
 
     def predict(self, n_once, n_rec, r, tokens):
-        """Predicted loss (nats per token); arrays broadcast."""
-        tokens = np.asarray(tokens, float)
-        return self.E + self.A * self.effective_n(n_once, n_rec, r) ** (-self.alpha) + self.B * tokens ** (-self.beta)
+        """Predicted loss (nats per token); arrays broadcast (the formula: `looped.solver.log_law`)."""
+        arrays = np.broadcast_arrays(*(np.asarray(v, float) for v in (n_once, n_rec, r, tokens)))
+        no, nr, rr, d = (a.ravel() for a in arrays)
+        runs = RunArrays(no, nr, np.log(rr), np.log(d), np.zeros_like(d), np.zeros_like(d))
+        return np.exp(log_law(self.theta, runs)).reshape(arrays[0].shape)[()]
 
 
 def as_law(law) -> Law:

@@ -19,7 +19,7 @@ L-BFGS-B optimum of exactly the paper's objective.  Torch-free, like `looped.fit
 """
 from __future__ import annotations
 
-import math
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -48,13 +48,36 @@ POLISH_OPTIONS = {"ftol": 1e-15, "gtol": 1e-12, "maxiter": 10_000, "maxfun": 100
 
 @dataclass
 class RunArrays:
-    """Arrays of one runs table, in the form the objective wants."""
+    """Arrays of one runs table, in the form the objective wants, and the law's design:
+
+        log L = LSE(a - alpha log(N_once + exp(Z . c) N_rec), b - beta log D, e) + S . o
+
+    theta = (a, alpha, b, beta, e, c_1..c_k, o_1..o_m).  The paper's law is Z = log r (k = 1,
+    c = phi) and no offsets; `design` builds the variants: several phis (phi_i = X_i . c), a free
+    log kappa (a column of ones in Z), log-loss offsets (columns of S)."""
     n_once: np.ndarray
     n_rec: np.ndarray
     logr: np.ndarray
     logD: np.ndarray
     logL: np.ndarray
     loss: np.ndarray
+    Z: np.ndarray | None = None     # (n, k): d log(multiplier of N_rec) / d c
+    S: np.ndarray | None = None     # (n, m): log-loss offset (shift) columns
+
+    def __post_init__(self):
+        self.Z = self.logr[:, None] if self.Z is None else np.asarray(self.Z, float).reshape(len(self.logr), -1)
+        n = len(self.logr)
+        self.S = np.zeros((n, 0)) if self.S is None else np.asarray(self.S, float).reshape(n, -1)
+
+    def design(self, X=None, kappa: bool = False, offsets=None) -> "RunArrays":
+        """These runs with phi_i = X_i . c (X (n, k); default one phi), a free log kappa and offsets (n, m)."""
+        X = np.ones((len(self), 1)) if X is None else np.asarray(X, float).reshape(len(self), -1)
+        Z = np.column_stack([self.logr[:, None] * X] + [np.ones(len(self))] * kappa)
+        return dataclasses.replace(self, Z=Z, S=offsets)
+
+    @property
+    def n_params(self) -> int:
+        return 5 + self.Z.shape[1] + self.S.shape[1]
 
     @classmethod
     def from_frame(cls, df, chinchilla: bool = False) -> "RunArrays":
@@ -81,19 +104,30 @@ def objective_reference(theta, data: RunArrays, delta: float = HUBER_DELTA) -> f
     return float(huber(delta, log_law - data.logL).sum())           # summed over runs, not averaged
 
 
-def objective(theta: np.ndarray, data: RunArrays, weights: np.ndarray | None = None,
-               order: int = 1, delta: float = HUBER_DELTA, newton=True):
-    """`objective_reference` for a batch of parameter vectors, with its derivatives.
+def log_law(theta, data: RunArrays) -> np.ndarray:
+    """The law's log-loss of every run at one theta (any design of `data`)."""
+    th = np.asarray(theta, float)
+    k = data.Z.shape[1]
+    n_eff = data.n_once + np.exp(data.Z @ th[5:5 + k]) * data.n_rec
+    size, tokens = th[0] - th[1] * np.log(n_eff), th[2] - th[3] * data.logD
+    return np.logaddexp(np.logaddexp(size, tokens), th[4]) + data.S @ th[5 + k:]
 
-    theta (P, 6); weights (P, n) or (n,) or None (all 1: each run counted once).
-    Returns f (P,), and with order >= 1 the gradient (P, 6), with order 2 the Hessian (P, 6, 6).
+
+def objective(theta: np.ndarray, data: RunArrays, weights: np.ndarray | None = None,
+               order: int = 1, delta: float = HUBER_DELTA, newton=True, target: np.ndarray | None = None):
+    """`objective_reference` for a batch of parameter vectors, with its derivatives (any design).
+
+    theta (P, p); weights (P, n) or (n,) or None (all 1: each run counted once); target (P, n):
+    per-problem observed log-losses in place of data.logL (the paired fits).
+    Returns f (P,), and with order >= 1 the gradient (P, p), with order 2 the Hessian (P, p, p).
     newton (bool or (P,) bool): the exact Hessian (Huber'' = 1 inside delta, 0 outside); where
     False, the Hessian of the IRLS majoriser instead (Huber'' replaced by the secant curvature
     ``Huber'(rho)/rho = min(1, delta/abs(rho))``): positive far from the fit, it makes the early
     iterations converge like Gauss-Newton on a weighted least-squares problem.
     """
-    a, al, b, be, e, ph = (theta[:, i:i + 1] for i in range(6))
-    rp = np.exp(ph * data.logr) * data.n_rec                        # r^phi N_rec   (P, n)
+    k, m_off = data.Z.shape[1], data.S.shape[1]
+    a, al, b, be, e = (theta[:, i:i + 1] for i in range(5))
+    rp = np.exp(theta[:, 5:5 + k] @ data.Z.T) * data.n_rec          # r^phi N_rec   (P, n)
     neff = data.n_once + rp
     x = np.log(neff)
     u1 = a - al * x
@@ -103,7 +137,9 @@ def objective(theta: np.ndarray, data: RunArrays, weights: np.ndarray | None = N
     w1, w2, w3 = np.exp(u1 - m), np.exp(u2 - m), np.exp(u3 - m)
     tot = w1 + w2 + w3
     lse = m + np.log(tot)
-    rho = lse - data.logL
+    rho = lse - (data.logL if target is None else target)
+    if m_off:
+        rho = rho + theta[:, 5 + k:] @ data.S.T
     arho = np.abs(rho)
     quad = arho <= delta
     hub = np.where(quad, 0.5 * rho * rho, delta * (arho - 0.5 * delta))
@@ -116,7 +152,7 @@ def objective(theta: np.ndarray, data: RunArrays, weights: np.ndarray | None = N
     w3 /= tot
     s = c * np.clip(rho, -delta, delta)                             # c * Huber'(rho)
     q = rp / neff
-    xp = data.logr * q                                              # d x / d phi
+    xp = [data.Z[:, j] * q for j in range(k)]                      # d x / d c_j
     s1, s2, s3 = s * w1, s * w2, s * w3
     g = np.empty(theta.shape)
     g[:, 0] = s1.sum(1)
@@ -124,11 +160,15 @@ def objective(theta: np.ndarray, data: RunArrays, weights: np.ndarray | None = N
     g[:, 2] = s2.sum(1)
     g[:, 3] = -(s2 * data.logD).sum(1)
     g[:, 4] = s3.sum(1)
-    g[:, 5] = -(al[:, 0] * (s1 * xp).sum(1))
+    for j in range(k):
+        g[:, 5 + j] = -(al[:, 0] * (s1 * xp[j]).sum(1))
+    for j in range(m_off):
+        g[:, 5 + k + j] = (s * data.S[:, j]).sum(1)
     if order < 2:
         return f, g
     # Hessian: sum_i (c H'' - c H') G G^T + c H' (sum_k w_k J_k J_k^T + w_1 d2u_1)
-    G = np.stack([w1, -w1 * x, w2, -w2 * data.logD, w3, -al * w1 * xp], axis=2)   # (P, n, 6)
+    offs = [np.broadcast_to(data.S[:, j], x.shape) for j in range(m_off)]
+    G = np.stack([w1, -w1 * x, w2, -w2 * data.logD, w3, *(-al * w1 * v for v in xp), *offs], axis=2)   # (P, n, p)
     if newton is True:
         curv = quad
     else:
@@ -137,6 +177,10 @@ def objective(theta: np.ndarray, data: RunArrays, weights: np.ndarray | None = N
             curv = np.where(np.asarray(newton)[:, None], quad, curv)
     t = c * curv - s
     H = np.matmul(G.transpose(0, 2, 1), G * t[:, :, None])
+    if m_off:   # offsets enter rho linearly, outside the LSE: their rows and columns keep c H'' only
+        so = G[:, :, 5 + k:] * s[:, :, None]
+        H[:, :, 5 + k:] += np.matmul(G.transpose(0, 2, 1), so)
+        H[:, 5 + k:, :5 + k] += np.matmul(so.transpose(0, 2, 1), G[:, :, :5 + k])
     x2 = x * x
     H[:, 0, 0] += g[:, 0]
     H[:, 0, 1] += g[:, 1]
@@ -145,12 +189,17 @@ def objective(theta: np.ndarray, data: RunArrays, weights: np.ndarray | None = N
     H[:, 2, 3] += g[:, 3]
     H[:, 3, 3] += (s2 * data.logD * data.logD).sum(1)
     H[:, 4, 4] += g[:, 4]
-    sxp = (s1 * xp).sum(1)
-    H[:, 0, 5] += -al[:, 0] * sxp
-    H[:, 1, 5] += al[:, 0] * (s1 * x * xp).sum(1) - sxp            # J1 part + d2u1/(dalpha dphi)
-    xpp = data.logr * xp * (1.0 - q)                                # d2 x / d phi2
-    H[:, 5, 5] += al[:, 0] ** 2 * (s1 * xp * xp).sum(1) - al[:, 0] * (s1 * xpp).sum(1)
-    for i, j in ((0, 1), (0, 5), (1, 5), (2, 3)):
+    pairs = [(0, 1), (2, 3)]
+    for i in range(k):
+        sxp = (s1 * xp[i]).sum(1)
+        H[:, 0, 5 + i] += -al[:, 0] * sxp
+        H[:, 1, 5 + i] += al[:, 0] * (s1 * x * xp[i]).sum(1) - sxp    # J1 part + d2u1/(dalpha dc_i)
+        for j in range(i, k):
+            xpp = data.Z[:, i] * xp[j] * (1.0 - q)                      # d2 x / (dc_i dc_j)
+            H[:, 5 + i, 5 + j] += al[:, 0] ** 2 * (s1 * xp[i] * xp[j]).sum(1) - al[:, 0] * (s1 * xpp).sum(1)
+            pairs += [(5 + i, 5 + j)] * (j > i)
+        pairs += [(0, 5 + i), (1, 5 + i)]
+    for i, j in pairs:
         H[:, j, i] = H[:, i, j]
     return f, g, H
 
@@ -158,19 +207,21 @@ def objective(theta: np.ndarray, data: RunArrays, weights: np.ndarray | None = N
 OBJ_BLOCK = 128  # rows per `objective` call in the solver: temporaries stay small (cache, no page faults)
 
 
-def objective_in_blocks(theta: np.ndarray, data: RunArrays, weights: np.ndarray | None, newton, block: int = OBJ_BLOCK):
+def objective_in_blocks(theta: np.ndarray, data: RunArrays, weights: np.ndarray | None, newton, block: int = OBJ_BLOCK,
+                        target: np.ndarray | None = None):
     """`objective(..., order=2)` evaluated `block` rows at a time (identical values, row by row):
     numpy temporaries of ~100 kB are recycled by the allocator, while (P, n) arrays of
     thousands of rows are fresh memory (page faults) on every operation: ~2x slower."""
-    P = theta.shape[0]
+    P, p = theta.shape
     if P <= block:
-        return objective(theta, data, weights, order=2, newton=newton)
-    f, g, H = np.empty(P), np.empty((P, 6)), np.empty((P, 6, 6))
+        return objective(theta, data, weights, order=2, newton=newton, target=target)
+    f, g, H = np.empty(P), np.empty((P, p)), np.empty((P, p, p))
     nw = newton if isinstance(newton, bool) else np.asarray(newton)
     for i in range(0, P, block):
         j = min(P, i + block)
         f[i:j], g[i:j], H[i:j] = objective(theta[i:j], data, None if weights is None else weights[i:j],
-                                            order=2, newton=nw if isinstance(nw, bool) else nw[i:j])
+                                            order=2, newton=nw if isinstance(nw, bool) else nw[i:j],
+                                            target=None if target is None else target[i:j])
     return f, g, H
 
 
@@ -178,10 +229,11 @@ def batched_solve(theta0: np.ndarray, data: RunArrays, weights: np.ndarray | Non
                    group: np.ndarray | None = None, maxiter: int = 500, merge_every: int = 2,
                    merge_tol: float = 1e-3, switch_tol: float = 1e-5, ftol: float = 1e-10,
                    pgtol: float = 1e-9, prune_gap: float | None = 1.0, prune_after: int = 8,
-                   block: int = OBJ_BLOCK, trace: bool = False):
-    """Minimise the objective from every row of theta0 (P, 6) at once.
+                   block: int = OBJ_BLOCK, trace: bool = False, lo=LO, hi=HI, target=None):
+    """Minimise the objective from every row of theta0 (P, p) at once, inside the box [lo, hi].
 
-    weights: (P, n) per-problem run multiplicities (bootstrap) or None.  free: (6,) bool.
+    weights: (P, n) per-problem run multiplicities (bootstrap) or None.  free: (p,) bool.
+    target: (P, n) per-problem observed log-losses (`objective`) or None.
     group: (P,) int; restarts are merged only within a group (one group per resample).
     Each restart starts with IRLS curvature (see `objective`) and switches to the exact
     Hessian once an iteration improves f by less than `switch_tol` (relative); it stops when
@@ -192,25 +244,27 @@ def batched_solve(theta0: np.ndarray, data: RunArrays, weights: np.ndarray | Non
     decreases along a restart, so a pruned restart could matter only by overtaking the best from
     far behind; `looped bench fit` checks that pruning leaves the optimum unchanged.
     prune_gap=None solves every restart to convergence.  trace prints every iteration.
-    Returns (theta (P, 6), f (P,), alive (P,) bool: not merged into / pruned by a better restart).
+    Returns (theta (P, p), f (P,), alive (P,) bool: not merged into / pruned by a better restart).
     """
     P = theta0.shape[0]
+    lo, width = np.asarray(lo, float), np.asarray(hi, float) - np.asarray(lo, float)
+    tg = (lambda rows: None) if target is None else (lambda rows: target[rows])  # noqa: E731
     group = np.zeros(P, np.int64) if group is None else np.asarray(group, np.int64)
     n_groups = int(group.max()) + 1 if P else 0
-    z = np.clip((theta0 - LO) / WIDTH, 0.0, 1.0)
+    z = np.clip((theta0 - lo) / width, 0.0, 1.0)
     newton = np.zeros(P, bool)
-    f, g, H = objective_in_blocks(LO + z * WIDTH, data, weights, False, block)
+    f, g, H = objective_in_blocks(lo + z * width, data, weights, False, block, target)
     lam = np.full(P, 1e-6)
     active = np.ones(P, bool)
     alive = np.ones(P, bool)
-    eye = np.eye(6)
-    scale = np.outer(WIDTH, WIDTH)
+    eye = np.eye(len(lo))
+    scale = np.outer(width, width)
     it = 0
     while active.any() and it < maxiter:
         it += 1
         idx = np.flatnonzero(active)
         wi = None if weights is None else weights[idx]
-        zi, gi = z[idx], g[idx] * WIDTH                      # gradient in box units
+        zi, gi = z[idx], g[idx] * width                      # gradient in box units
         Hi = H[idx] * scale
         # free set: free parameters not sitting on a bound with the gradient pointing out
         fr = free & ~(((zi <= 0.0) & (gi > 0)) | ((zi >= 1.0) & (gi < 0)))
@@ -227,7 +281,7 @@ def batched_solve(theta0: np.ndarray, data: RunArrays, weights: np.ndarray | Non
         vs = np.einsum("pij,pi->pj", V, step)
         pred = -(np.einsum("pi,pi->p", gi, step) + 0.5 * np.einsum("pj,pj->p", vs * vs, ev))
         nw = newton[idx]
-        fn, gn, Hn = objective_in_blocks(LO + znew * WIDTH, data, wi, nw, block)
+        fn, gn, Hn = objective_in_blocks(lo + znew * width, data, wi, nw, block, tg(idx))
         fo = f[idx]
         red = fo - fn
         acc = red > 0
@@ -245,8 +299,8 @@ def batched_solve(theta0: np.ndarray, data: RunArrays, weights: np.ndarray | Non
         if len(sw):
             newton[sw] = True
             lam[sw] = 1e-6
-            _, g[sw], H[sw] = objective_in_blocks(LO + z[sw] * WIDTH, data, None if weights is None else weights[sw],
-                                          True, block)
+            _, g[sw], H[sw] = objective_in_blocks(lo + z[sw] * width, data, None if weights is None else weights[sw],
+                                                  True, block, tg(sw))
         if trace:   # one line per iteration: restarts active, accepted, in Newton mode, best f, alive
             print(it, len(idx), int(acc.sum()), int(newton[idx].sum()), float(f[idx].min()), int(alive.sum()))
         if prune_gap is not None and it >= prune_after:
@@ -266,24 +320,26 @@ def batched_solve(theta0: np.ndarray, data: RunArrays, weights: np.ndarray | Non
             drop = alive_idx[order[~first]]
             alive[drop] = False
             active[drop] = False
-    return LO + z * WIDTH, f, alive
+    return lo + z * width, f, alive
 
 
 def lbfgsb(theta0: np.ndarray, data: RunArrays, weights: np.ndarray | None, free: np.ndarray,
-            options: dict | None = None):
+            options: dict | None = None, lo=LO, hi=HI, target=None):
     """One scipy L-BFGS-B solve over the free parameters (analytic gradient); returns (theta, f, nit)."""
 
     fi = np.flatnonzero(free)
-    base = np.clip(np.asarray(theta0, float), LO, HI)
+    lo, hi = np.asarray(lo, float), np.asarray(hi, float)
+    base = np.clip(np.asarray(theta0, float), lo, hi)
     w = None if weights is None else np.asarray(weights, float)[None, :]
+    t = None if target is None else np.asarray(target, float)[None, :]
 
     def fun(v):
         th = base.copy()
         th[fi] = v
-        f, g = objective(th[None, :], data, w, order=1)
+        f, g = objective(th[None, :], data, w, order=1, target=t)
         return float(f[0]), g[0, fi]
 
-    res = minimize(fun, base[fi], jac=True, method="L-BFGS-B", bounds=list(zip(LO[fi], HI[fi])),
+    res = minimize(fun, base[fi], jac=True, method="L-BFGS-B", bounds=list(zip(lo[fi], hi[fi])),
                    options=dict(POLISH_OPTIONS, **(options or {})))
     th = base.copy()
     th[fi] = res.x
@@ -302,8 +358,9 @@ def serial_fit(data: "RunArrays", starts: np.ndarray, free: np.ndarray, weights=
     return best, fbest, time.perf_counter() - t0, nits
 
 
-def random_starts(rng: np.random.Generator, k: int, fixed: dict) -> np.ndarray:
-    th = LO + rng.uniform(size=(k, 6)) * WIDTH
+def random_starts(rng: np.random.Generator, k: int, fixed: dict, lo=LO, hi=HI) -> np.ndarray:
+    """k starts uniform in the box, the `fixed` {index: value} held."""
+    th = lo + rng.uniform(size=(k, len(lo))) * (hi - lo)
     for i, v in fixed.items():
         th[:, i] = v
     return th
@@ -319,20 +376,22 @@ def _best_in_groups(theta, f, alive, group, n_groups, k):
 
 
 def solve_restarts(data: RunArrays, starts: np.ndarray, free: np.ndarray, weights=None, group=None,
-           n_groups: int = 1, polish: int = 3, **solver):
+           n_groups: int = 1, polish: int = 3, lo=LO, hi=HI, target=None, **solver):
     """Batched solve of every start, then L-BFGS-B polish of each group's `polish` best distinct
-    end points (`solver`: options of `batched_solve`, e.g. prune_gap=None).
+    end points (`solver`: options of `batched_solve`, e.g. prune_gap=None).  The one solver of
+    every law in `looped`: the paper's, its variants (`RunArrays.design`) and the paired fits.
     Returns per group: (theta*, f*, local minima found (sorted thetas))."""
-    th, f, alive = batched_solve(starts, data, weights, free, group, **solver)
+    th, f, alive = batched_solve(starts, data, weights, free, group, lo=lo, hi=hi, target=target, **solver)
     group = np.zeros(len(starts), np.int64) if group is None else group
     out = []
     for gi, idx in enumerate(_best_in_groups(th, f, alive, group, n_groups, polish)):
         w = None if weights is None else weights[idx[0]]
+        t = None if target is None else target[idx[0]]
         best_t, best_f = th[idx[0]].copy(), f[idx[0]]
         for i in idx:
             if polish <= 0:
                 break
-            t2, f2, _ = lbfgsb(th[i], data, w, free)
+            t2, f2, _ = lbfgsb(th[i], data, w, free, lo=lo, hi=hi, target=t)
             if f2 < best_f:
                 best_t, best_f = t2, f2
         out.append((best_t, float(best_f), th[idx]))
@@ -340,6 +399,5 @@ def solve_restarts(data: RunArrays, starts: np.ndarray, free: np.ndarray, weight
 
 
 def law_loss(theta, data: RunArrays) -> np.ndarray:
-    a, al, b, be, e, ph = map(float, theta)
-    neff = data.n_once + np.exp(ph * data.logr) * data.n_rec
-    return math.exp(e) + np.exp(a - al * np.log(neff)) + np.exp(b - be * data.logD)
+    """The law's loss (nats) of every run at one theta."""
+    return np.exp(log_law(theta, data))

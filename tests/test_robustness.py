@@ -10,8 +10,9 @@ from looped import accounting as acc
 from looped.config import model_config
 from looped.fit import FitError, fit
 from looped.io import json_ready
-from looped.solver import RunArrays, law_loss
-from looped.studies import multifit as M
+from looped.law import Law
+from looped.solver import RunArrays, law_loss, objective
+from looped.studies import law_variants as M
 from looped.studies import robustness as R
 
 LAW = {"A": 8.0, "alpha": 0.15, "B": 300.0, "beta": 0.4, "E": 1.8, "phi": 0.5}
@@ -34,7 +35,7 @@ def runs(law=LAW, noise=0.0, seed=0, kappa=1.0, **kw) -> pd.DataFrame:
     df = design(**kw)
     d = RunArrays.from_frame(df.assign(n_rec=kappa * df["n_rec"], loss=1.0))
     rng = np.random.default_rng(seed)
-    return df.assign(loss=law_loss(R._theta(law), d) + rng.normal(0, noise, len(df)))
+    return df.assign(loss=law_loss(Law.from_dict(law).theta, d) + rng.normal(0, noise, len(df)))
 
 
 @pytest.fixture(scope="module")
@@ -73,14 +74,17 @@ def test_kappa_form_recovers_the_multiplier():
 def test_objective_gradient_matches_finite_differences(exact):
     X = np.column_stack([np.ones(len(exact)), np.log10(exact["budget"]) - 12.8])
     d = RunArrays.from_frame(exact)
-    th = np.r_[R._theta(LAW)[:5], 0.5, 0.05, np.log(0.8)] + 0.01
-    _, g, _, _ = M._batch(th[None], d, X, True, np.ones((1, len(exact))))
+    th = np.r_[Law.from_dict(LAW).theta[:5], 0.5, 0.05, np.log(0.8)] + 0.01
+    d = d.design(X, kappa=True, offsets=(exact["r"].to_numpy() == 1).astype(float))   # and one offset column
+    th = np.r_[th, 0.002]
+    _, g, H = objective(th[None], d, order=2, delta=0.05)     # wide delta: the Hessian's quadratic part in play
     for i in range(len(th)):
         e = np.zeros_like(th)
         e[i] = 1e-6
-        fp = M._batch((th + e)[None], d, X, True, np.ones((1, len(exact))))[0][0]
-        fm = M._batch((th - e)[None], d, X, True, np.ones((1, len(exact))))[0][0]
-        assert (fp - fm) / 2e-6 == pytest.approx(g[0, i], rel=1e-4, abs=1e-10)
+        fp, gp = objective((th + e)[None], d, order=1, delta=0.05)
+        fm, gm = objective((th - e)[None], d, order=1, delta=0.05)
+        assert (fp[0] - fm[0]) / 2e-6 == pytest.approx(g[0, i], rel=1e-4, abs=1e-10)
+        np.testing.assert_allclose((gp[0] - gm[0]) / 2e-6, H[0, i], rtol=1e-3, atol=1e-7)
 
 
 def replicates(sd, seed, configs=8, n=3):
@@ -151,10 +155,10 @@ def test_synthetic_recovery_is_unbiased_on_white_noise():
 
 
 def test_paper_tables():
-    law = R.published_law()
+    from looped.studies.paper import PAPER_DIR, PAPER_LAW, runs_from_minima
+    law = PAPER_LAW.to_dict()
     assert law["phi"] == 0.459 and law["alpha"] == pytest.approx(0.199, abs=1e-3)
-    m = R.paper_minima()
-    from looped.studies.paper import PAPER_DIR
+    m = runs_from_minima(PAPER_DIR / "compute_optimal_minima.csv")
     star = pd.read_csv(PAPER_DIR / "compute_optimal_minima.csv")
     assert len(m) == 24
     np.testing.assert_allclose(m["n_once"] + m["n_rec"], star["n_star_unique_millions"] * 1e6, rtol=1e-9)

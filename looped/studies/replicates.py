@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from .multifit import check_runs
+from .law_variants import check_runs
 
 CONFIG = ("budget", "r", "s", "injection", "bptt_k")        # a replicate group: same config, other seed
 

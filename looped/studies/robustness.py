@@ -9,9 +9,8 @@ synthetic_recovery (bias, SD, coverage of phi); `python -m looped.studies.robust
 Runs at a further budget (`--drift`, the cpu-drift study) are predicted by the main fit, refitted
 with the main runs, and join the phi-against-compute fits once they have a run at every r.
 Numbers only.  Forms `looped.fit` can express (transformed columns, subsets) are fitted by it;
-the others (several phis, a free kappa) by `fit_multi`: the same Huber-LSE objective from a warm
-start at the nested `looped.fit` optimum plus random starts, batched Levenberg-Marquardt then
-scipy L-BFGS-B, block bootstrap over (budget, r) cells.  Residuals: observed - predicted loss, nats.
+the others (several phis, a free kappa) by `law_variants.fit_multi`: the same objective and solver
+on a design with more columns, block bootstrap over (budget, r) cells.  Residuals: observed - predicted loss, nats.
 """
 from __future__ import annotations
 
@@ -29,8 +28,10 @@ from scipy import stats
 from ..config import REPO, model_config, repo_relative
 from ..fit import FitError, fit, load_runs
 from ..io import atomic_write_json, json_ready
+from ..law import Law
+from ..resample import cells
 from ..solver import LAW_PARAMS, RunArrays, law_loss
-from .multifit import FIVE, NAN2, _cells, _rmse, check_runs, fit_multi, onehot
+from .law_variants import FIVE, NAN2, _rmse, check_runs, fit_multi, onehot
 from .paper import PAPER_DIR, PAPER_LAW, design_of, paper_grid, paper_table, runs_from_minima
 from .registry import STUDIES, load_study
 from .replicates import protocol_shift, replicate_sd, seed_and_order
@@ -103,27 +104,13 @@ def add_budgets(df, extra) -> tuple[pd.DataFrame, pd.DataFrame]:
     return pd.concat([df, added], ignore_index=True), added.reset_index(drop=True)
 
 
-def _theta(law: dict) -> np.ndarray:
-    return np.array([math.log(law["A"]), law["alpha"], math.log(law["B"]), law["beta"], math.log(law["E"]), law["phi"]])
-
-
 def _residuals(res, df) -> np.ndarray:
     return df["loss"].to_numpy(float) - law_loss(res.theta, RunArrays.from_frame(df))
-
-
-def published_law() -> dict:
-    """The paper's joint fit as a dict (A, alpha, B, beta, E, phi)."""
-    return PAPER_LAW.to_dict()
 
 
 def paper_design() -> pd.DataFrame:
     """The paper's main grid with N_once, N_rec and D from the accounting (preset 'paper')."""
     return paper_grid("main")
-
-
-def paper_minima() -> pd.DataFrame:
-    """The 24 published iso-FLOP minima as runs (`looped.studies.paper.runs_from_minima`)."""
-    return runs_from_minima(PAPER_DIR / "compute_optimal_minima.csv")
 
 
 # ----------------------------------------------------------------------------- several phis, kappa
@@ -207,9 +194,9 @@ def phi_trend(df, restarts=200, bootstrap=200, seed=0, boot_restarts=8, fix=None
         return fit_multi(sub, X, ["phi_mid", "phi1"], restarts=restarts, seed=seed, bootstrap=boot,
                          boot_restarts=boot_restarts, fix=fix)
 
-    m, cells = one(df, bootstrap), _cells(df)
-    jack = np.array([one(df[cells != c].reset_index(drop=True), 0, min(restarts, 32)).params["phi1"]
-                     for c in range(cells.max() + 1)])
+    m, cell = one(df, bootstrap), cells(df)
+    jack = np.array([one(df[cell != c].reset_index(drop=True), 0, min(restarts, 32)).params["phi1"]
+                     for c in range(cell.max() + 1)])
     k, p1 = len(jack), m.params["phi1"]
     se = float(np.sqrt((k - 1) / k * ((jack - jack.mean()) ** 2).sum())) if k > 2 else math.nan
     return dict(phi_mid=m.params["phi_mid"], phi1=p1, phi0=m.params["phi_mid"] - p1 * centre, log10_c_centre=centre,
@@ -222,7 +209,7 @@ def trend_simulation(df, law: dict, cell_sd: float, noise: float, n_draws=100, r
     one shift per (budget, r) cell of SD `cell_sd` nats (the law's misfit, as observed) and white
     noise of SD `noise` nats (seed noise), each draw's phi1 refitted.  Returns the null mean and SD of phi1."""
     design = check_runs(df)
-    truth, cell = law_loss(_theta(law), RunArrays.from_frame(design)), _cells(design)
+    truth, cell = law_loss(Law.from_dict(law).theta, RunArrays.from_frame(design)), cells(design)
     rng, centre = np.random.default_rng([seed, 3]), float(np.log10(sorted(design["budget"].unique())).mean())
     X = np.column_stack([np.ones(len(design)), np.log10(design["budget"].to_numpy(float)) - centre])
     draws = []
@@ -249,8 +236,8 @@ def phi_vs_compute(df, restarts=500, bootstrap=200, seed=0, boot_restarts=None, 
     that have a run at every r (add_budgets)."""
     df = add_budgets(check_runs(df), drift)[0]
     kw = dict(restarts=multi_restarts, seed=seed, bootstrap=bootstrap, boot_restarts=multi_boot_restarts)
-    five = {k: v for k, v in published_law().items() if k in FIVE}
-    minima = paper_minima()
+    five = {k: v for k, v in PAPER_LAW.to_dict().items() if k in FIVE}
+    minima = runs_from_minima(PAPER_DIR / "compute_optimal_minima.csv")     # the 24 published minima as runs
     held = lambda s: fit(s.reset_index(drop=True), restarts=restarts, seed=seed, fix=five).phi  # noqa: E731
     paper = [dict(budget=v, phi=held(s), n_cells=len(s)) for v, s in minima.groupby("budget")]
     b = sorted(minima["budget"].unique())
@@ -286,7 +273,7 @@ def goodness_of_fit(df, seed_df=None, restarts=500, seed=0, n_params=6, drift=No
     rep = replicate_sd(df, seeds, design=df)
     var = float(e @ e) / (n - n_params)
     F = var / rep["seed_sd"] ** 2 if rep["df_pe"] else math.nan
-    cell_means = pd.Series(e).groupby(_cells(df)).mean()
+    cell_means = pd.Series(e).groupby(cells(df)).mean()
     summ = dict(
         rmse=_rmse(e),
         cell_sd=float(cell_means.std(ddof=1)),   # SD of the (budget, r) cells' mean residual: the misfit's scale
@@ -344,7 +331,7 @@ def synthetic_recovery(design_df, law: dict, n_draws=50, noise=0.01, kind="white
     if n_draws < 1:
         raise FitError("n_draws must be at least 1")
     design = check_runs(pd.DataFrame(design_df).assign(loss=1.0))
-    truth, cell = law_loss(_theta(law), RunArrays.from_frame(design)), _cells(design)
+    truth, cell = law_loss(Law.from_dict(law).theta, RunArrays.from_frame(design)), cells(design)
     rng, sd_cell = np.random.default_rng(seed), (noise if cell_noise is None else cell_noise) * (kind == "cell")
     rows = []
     for i in range(n_draws):
@@ -403,7 +390,7 @@ def run_all(df, seed_df, s: dict, seed=0, drift=None, planned=None) -> dict:
     lap("drift_calibration", cal)
     pres = paper_table("joint_fit_residuals")      # the paper's residual RMSE as its noise
     scenarios = {"ours": (df, g["law"], noise, g["cell_sd"]),
-                 "paper": (paper_design(), published_law(),
+                 "paper": (paper_design(), PAPER_LAW.to_dict(),
                            float(np.sqrt((pres["n_runs"] * pres["rmse"] ** 2).sum() / pres["n_runs"].sum())), None)}
     lap("synthetic", {f"{name}_{kind}": synthetic_recovery(
         des[["budget", "r", "n_once", "n_rec", "tokens"]], law, n_draws=s["draws"], noise=nz, kind=kind,
