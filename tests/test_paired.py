@@ -10,10 +10,11 @@ import pandas as pd
 import pytest
 
 from looped.fit import FitError, fit
+from looped.law import Law
 from looped.studies import paired as pp
 from looped.studies import paired_study as ps
 
-THETA = (7.2, 0.108, 335.0, 0.414, 1.71, 0.64)   # A, alpha, B, beta, E, phi: close to our CPU fit
+THETA = Law(7.2, 0.108, 335.0, 0.414, 1.71, 0.64)   # A, alpha, B, beta, E, phi: close to our CPU fit
 MAIN = {2.5e12: (2, 3, 4, 5), 5e12: (3, 4, 5, 6, 7), 1e13: (4, 5, 6, 7, 8), 2.5e13: (5, 6, 7, 8, 10)}
 CASE = {2.5e12: (2, 3, 4, 5), 5e12: (3, 4, 5, 6, 7)}
 

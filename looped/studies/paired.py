@@ -3,9 +3,9 @@
 A variant run (truncated backprop, hyperconnections, ...) is paired with the baseline run of the
 same (budget, r, s, seed, data_order).  The law L = E + A (N_once + r^phi N_rec)^-alpha + B D^-beta
 is fitted once to the main arm; only the variant's change is free: dphi (variant uses
-r^(phi+dphi)), optionally with an r-independent log-loss offset c.  Both are fitted with the
-paper's objective (Huber, delta 1e-3, on log loss) to the paired log-loss differences, so the
-law's misfit that both arms share at (budget, r, s) cancels.  Intervals come from a bootstrap
+r^(phi+dphi)), optionally with an r-independent log-loss offset c.  Both are fitted by the core
+solver with the paper's objective (a dphi column and offset columns of `RunArrays.design`) to the
+paired log-loss differences, so the law's misfit that both arms share at (budget, r, s) cancels.  Intervals come from a bootstrap
 that refits the main law on block resamples of its (budget, r) cells and resamples the pairs.
 `paper_protocol` is the paper's estimator.  `looped.studies.paired_study` runs all three on our
 runs, checks them by simulation and writes the results (`looped paired`).
@@ -15,21 +15,22 @@ from __future__ import annotations
 import json
 import warnings
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from scipy import stats
-from scipy.special import huber
 
 from ..config import DEFAULT_SEED
 from ..fit import FitError, FitResult, at_bounds, fit, load_runs, validate_runs
-from ..solver import HI, HUBER_DELTA, LO
+from ..law import Law
+from ..resample import cell_resample, cells
+from ..solver import HI, LO, RunArrays, log_law, solve_restarts
 
 KEYS = ("budget", "r", "s", "seed", "data_order")
 FOLDERS = ("cpu-main", "cpu-truncated", "cpu-hyper", "cpu-controls", "cpu-matched", "cpu-replicates")
-DPHI_GRID = np.linspace(-3.0, 3.0, 241)      # coarse search for dphi before the golden-section polish
+DPHI_BOX, OFFSET_BOX = 3.0, 1.0              # the box of dphi and of each log-loss offset
+DPHI_STARTS = np.linspace(-DPHI_BOX, DPHI_BOX, 25)   # starts of each solve: dphi may have several minima
 
 
 @dataclass
@@ -141,100 +142,61 @@ def paired_gains(P, by=("r",)) -> pd.DataFrame:
 
 # ------------------------------------------------------------------ the paired fit
 
-def law_theta(law) -> np.ndarray:
-    """(1, 6) natural parameters (A, alpha, B, beta, E, phi) of a FitResult or a 6-sequence."""
-    if isinstance(law, FitResult) and law.phi is None:
+def main_of(law) -> Law:
+    """The looped law of a FitResult, a Law or six numbers (A, alpha, B, beta, E, phi)."""
+    law = law.law if isinstance(law, FitResult) else law if isinstance(law, Law) else Law(*law)
+    if law.phi is None:
         raise FitError("the main fit has no phi (no looped runs)")
-    return np.array([[getattr(law, k) for k in ("A", "alpha", "B", "beta", "E", "phi")]]) \
-        if isinstance(law, FitResult) else np.asarray(law, float).reshape(1, 6)
+    return law
 
 
-def log_law(T, n_once, n_rec, r, D, dphi=0.0):
-    """log L for law rows T (K, 6: A, alpha, B, beta, E, phi) at runs (n,); dphi broadcasts
-    against (K, ..., n), and T's columns get as many middle axes as dphi has."""
-    extra = max(np.ndim(dphi) - 2, 0)
-    A, al, B, be, E, ph = (T[:, i].reshape((-1,) + (1,) * (1 + extra)) for i in range(6))
-    neff = n_once + np.exp((ph + dphi) * np.log(r)) * n_rec
-    return np.logaddexp(np.logaddexp(np.log(A) - al * np.log(neff), np.log(B) - be * np.log(D)), np.log(E))
+def _runs(P, side: str, S=None) -> RunArrays:
+    """One side ('v' variant, 'b' baseline) of the pairs as runs of the core law, with a dphi column
+    beside phi (both times log r) and the offsets' columns S."""
+    x = {k: P[f"{k}_{side}"].to_numpy(float) for k in ("n_once", "n_rec", "tokens", "loss")}
+    runs = RunArrays(x["n_once"], x["n_rec"], np.log(P["r"].to_numpy(float)), np.log(x["tokens"]), np.log(x["loss"]),
+                     x["loss"])
+    return runs.design(np.ones((len(P), 2)), offsets=S)
 
 
-def _profile_offset(rho, w, iters=48):
-    """c minimising sum w Huber(rho + c) over the last axis (bisection on its monotone slope)."""
-    lo, hi = -rho.max(-1) - HUBER_DELTA, -rho.min(-1) + HUBER_DELTA
-    for _ in range(iters):
-        mid = 0.5 * (lo + hi)
-        neg = (w * np.clip(rho + mid[..., None], -HUBER_DELTA, HUBER_DELTA)).sum(-1) < 0
-        lo, hi = np.where(neg, mid, lo), np.where(neg, hi, mid)
-    return 0.5 * (lo + hi)
+def _thetas(samples) -> np.ndarray:
+    """Solver coordinates (K, 6) of law rows in natural units (A, alpha, B, beta, E, phi)."""
+    T = np.array(samples, float).reshape(-1, 6)
+    T[:, [0, 2, 4]] = np.log(T[:, [0, 2, 4]])
+    return T
 
 
-def _rho(T, P, d):
-    """Paired residuals (predicted minus observed variant log-loss) for law rows T (K, 6), dphi d
-    (K, g): (K, g, n).  The observed side is the variant's log-loss minus its baseline's residual
-    from the law (= paired log difference), so the misfit both arms share at (budget, r, s) cancels;
-    fitting the variant's raw losses would load that misfit onto dphi."""
-    x = {f"{k}_{s}": P[f"{k}_{s}"].to_numpy(float) for k in ("n_once", "n_rec", "tokens") for s in "vb"}
-    r = P["r"].to_numpy(float)
-    target = P["log_diff"].to_numpy(float) + log_law(T, x["n_once_b"], x["n_rec_b"], r, x["tokens_b"])
-    return log_law(T, x["n_once_v"], x["n_rec_v"], r, x["tokens_v"], d[..., None]) - target[:, None, :]
-
-
-def _group_offsets(rho, w, groups):
-    """Offsets per group (..., G) minimising the weighted Huber loss of rho + c[group]: the loss is
-    separable in the groups, so each is the one-offset profile of its own pairs."""
-    return np.stack([_profile_offset(rho[..., groups == g], w[..., groups == g]) for g in range(groups.max() + 1)], -1)
-
-
-def _solve(T, P, W, offset, chunk_elems=3_000_000):
-    """(dphi, offsets) per law row of T (K, 6) and pair weights W (K, n): grid search, then golden
-    section.  `offset`: False (none), True (one for all pairs) or an int array (n,) of group ids,
-    one offset per group (e.g. per width); offsets come back (K, G)."""
-    groups = (np.zeros(len(P), int) if offset is True else np.asarray(offset, int)) if offset is not False else None
-    n_groups = 0 if groups is None else groups.max() + 1
-
-    def objective(t, w, d):   # dphi d (k, g) -> (objective (k, g), offsets (k, g, G))
-        rho = _rho(t, P, d)
-        if groups is None:
-            return (w[:, None, :] * huber(HUBER_DELTA, rho)).sum(-1), np.zeros(d.shape + (0,))
-        c = _group_offsets(rho, np.broadcast_to(w[:, None, :], rho.shape), groups)
-        return (w[:, None, :] * huber(HUBER_DELTA, rho + c[..., groups])).sum(-1), c
-
-    out_d, out_c = np.empty(len(T)), np.zeros((len(T), n_groups))
-    step = max(1, chunk_elems // (len(DPHI_GRID) * len(P)))
-    for a in range(0, len(T), step):
-        t, w = T[a:a + step], W[a:a + step]
-        f = partial(objective, t, w)
-        fg, _ = f(np.broadcast_to(DPHI_GRID, (len(t), len(DPHI_GRID))))
-        i = fg.argmin(1)
-        lo, hi = DPHI_GRID[np.maximum(i - 1, 0)][:, None], DPHI_GRID[np.minimum(i + 1, len(DPHI_GRID) - 1)][:, None]
-        g = (np.sqrt(5) - 1) / 2
-        for _ in range(40):   # golden section inside the grid bracket
-            m1, m2 = hi - g * (hi - lo), lo + g * (hi - lo)
-            left = f(m1)[0] <= f(m2)[0]
-            lo, hi = np.where(left, lo, m1), np.where(left, m2, hi)
-        d = 0.5 * (lo + hi)
-        out_d[a:a + step], out_c[a:a + step] = d[:, 0], f(d)[1][:, 0]
-    return out_d, out_c
+def _solve(T, P, W, offset):
+    """(dphi (K,), offsets (K, G), log residuals of row 0 (n,)) per law row of T (K, 6, solver
+    coordinates) and pair weights W (K, n): the core solver on the variant runs, the law's six
+    held, dphi and the offsets free.
+    `offset`: False (none), True (one for all pairs) or an int array (n,) of group ids (one each).
+    The observed side is the variant's log-loss minus its baseline's residual from the law (= the
+    paired log difference), so the misfit both arms share at (budget, r, s) cancels; fitting the
+    variant's raw losses would load that misfit onto dphi."""
+    groups = None if offset is False else np.zeros(len(P), int) if offset is True else np.asarray(offset, int)
+    var = _runs(P, "v", None if groups is None else np.eye(groups.max() + 1)[groups])
+    base, K, m, k = _runs(P, "b"), len(T), var.S.shape[1], len(DPHI_STARTS)
+    thetas = np.c_[T, np.zeros((K, 1 + m))]
+    target = P["log_diff"].to_numpy(float) + np.array([log_law(t[:7], base) for t in thetas])
+    starts = np.repeat(thetas, k, 0)
+    starts[:, 6] = np.tile(DPHI_STARTS, K)
+    lo, hi = np.r_[LO, -DPHI_BOX, [-OFFSET_BOX] * m], np.r_[HI, DPHI_BOX, [OFFSET_BOX] * m]
+    sols = solve_restarts(var, starts, np.arange(7 + m) >= 6, np.repeat(W, k, 0), np.repeat(np.arange(K), k), K,
+                          polish=3 if K == 1 else 1, lo=lo, hi=hi, target=np.repeat(target, k, 0))
+    theta = np.array([t for t, _, _ in sols]).reshape(K, 7 + m)
+    return theta[:, 6], theta[:, 7:], target[0] - log_law(theta[0], var)   # the first row's observed - predicted
 
 
 def _pair_weights(P, rng, n_boot, groups=None):
-    """(n_boot, n) multiplicities.  Default: pairs resampled within their (budget, r) cell, so every
-    r stays in and dphi and the offset stay identified in every resample.  With `groups` (one
-    offset each): whole groups resampled within their budget, so a drawn group brings all its r."""
-    W = np.zeros((n_boot, len(P)))
-    rows = np.arange(n_boot)[:, None]
+    """(n_boot, n) multiplicities (`looped.resample`).  Default: pairs resampled within their
+    (budget, r) cell, so every r stays in and dphi and the offset stay identified in every
+    resample.  With `groups` (one offset each): whole groups resampled within their budget, so a
+    drawn group brings all its r."""
     if groups is None:
-        for idx in P.groupby(["budget", "r"]).indices.values():
-            np.add.at(W, (rows, idx[rng.integers(0, len(idx), (n_boot, len(idx)))]), 1.0)
-        return W
-    budget_of = pd.Series(P["budget"].to_numpy()).groupby(groups).first()
-    for ids in budget_of.groupby(budget_of).groups.values():   # the groups of one budget
-        ids = np.asarray(ids)
-        counts = np.zeros((n_boot, groups.max() + 1))
-        np.add.at(counts, (rows, ids[rng.integers(0, len(ids), (n_boot, len(ids)))]), 1.0)
-        members = np.isin(groups, ids)
-        W[:, members] = counts[:, groups[members]]
-    return W
+        return cell_resample(np.arange(len(P)), rng, n_boot, within=cells(P))
+    budget_of = pd.Series(P["budget"].to_numpy()).groupby(groups).first().to_numpy()
+    return cell_resample(groups, rng, n_boot, within=np.unique(budget_of, return_inverse=True)[1])
 
 
 def width_groups(P) -> np.ndarray:
@@ -252,7 +214,7 @@ def _estimate(point, samples, n, box=np.inf) -> Estimate:
 def main_law(main_df, restarts=100, seed=0, bootstrap=0, boot_restarts=5) -> FitResult:
     """The main fit (all main-arm runs), with `bootstrap` block resamples of its (budget, r) cells."""
     res = fit(main_df, restarts=restarts, seed=seed, bootstrap=bootstrap, boot_restarts=boot_restarts)
-    law_theta(res)
+    main_of(res)
     return res
 
 
@@ -272,17 +234,16 @@ def paired_estimate(main_df, variant_df, controls=None, offset=False, law: FitRe
     how = groups if groups is not None else bool(offset)
     if law is None or (bootstrap and (law.boot_samples is None or len(law.boot_samples) < bootstrap)):
         law = main_law(main_df, restarts, seed, bootstrap, boot_restarts)
-    d0, c0 = _solve(law_theta(law), P, np.ones((1, len(P))), how)
+    d0, c0, resid = _solve(main_of(law).theta[None], P, np.ones((1, len(P))), how)  # observed - predicted
     W = _pair_weights(P, np.random.default_rng([seed, 7]), bootstrap, groups) if bootstrap else None
-    db, cb = _solve(law.boot_samples[:bootstrap], P, W, how) if bootstrap else (np.empty(0), np.empty((0, 1)))
-    shift = c0[0][groups] if groups is not None else (c0[0, 0] if offset else 0.0)
-    resid = -(_rho(law_theta(law), P, d0[:, None])[0, 0] + shift)      # observed minus predicted log-loss
+    db, cb = (np.empty(0), np.empty((0, 1))) if not bootstrap else \
+        _solve(_thetas(law.boot_samples[:bootstrap]), P, W, how)[:2]
     one = P["r"].to_numpy() == 1
     r1 = None
     if one.sum() > 1:
         m, se = float(resid[one].mean()), float(resid[one].std(ddof=1) / np.sqrt(one.sum()))
         r1 = {"mean": m, "se": se, "z": m / se, "n": int(one.sum())}
-    return {"dphi": _estimate(d0[0], db, len(P), box=DPHI_GRID[-1]),
+    return {"dphi": _estimate(d0[0], db, len(P), box=DPHI_BOX),
             "offset": _estimate(c0[0, 0], cb[:, 0], len(P)) if offset is True else None,
             "resid_sd": float((resid * P["loss_v"].to_numpy(float)).std(ddof=1)), "r1": r1}
 
@@ -301,8 +262,8 @@ def paired_difference(main_df, variant_a, variant_b, law: FitResult, bootstrap=1
     W = _pair_weights(Pa, np.random.default_rng([seed, 11]), bootstrap) if bootstrap else None  # same rows, same order
     ests = {}
     for name, P in (("a", Pa), ("b", Pb)):
-        d0, _ = _solve(law_theta(law), P, np.ones((1, len(P))), False)
-        db, _ = _solve(law.boot_samples[:bootstrap], P, W, False) if bootstrap else (np.empty(0), None)
+        d0 = _solve(main_of(law).theta[None], P, np.ones((1, len(P))), False)[0]
+        db = _solve(_thetas(law.boot_samples[:bootstrap]), P, W, False)[0] if bootstrap else np.empty(0)
         ests[name] = (d0[0], db)
     diff = _estimate(ests["a"][0] - ests["b"][0], ests["a"][1] - ests["b"][1], len(Pa))
     return {"a": _estimate(*ests["a"], len(Pa)), "b": _estimate(*ests["b"], len(Pb)), "difference": diff}
@@ -316,14 +277,14 @@ def token_term_check(variant_more, variant_fewer, law: FitResult) -> dict:
     j = m.merge(f, on="_key", suffixes=("_m", "_f"))
     if len(j) < 2:
         raise FitError("fewer than two pairs of the same model at two token counts")
-    T, r = law_theta(law), j["r_m"].to_numpy(float)
-    pred = log_law(T, j["n_once_m"].to_numpy(float), j["n_rec_m"].to_numpy(float), r, j["tokens_m"].to_numpy(float)) \
-        - log_law(T, j["n_once_f"].to_numpy(float), j["n_rec_f"].to_numpy(float), r, j["tokens_f"].to_numpy(float))
+    main, r = main_of(law), j["r_m"].to_numpy(float)
+    pred = np.log(main.predict(j["n_once_m"], j["n_rec_m"], r, j["tokens_m"])) \
+        - np.log(main.predict(j["n_once_f"], j["n_rec_f"], r, j["tokens_f"]))
     obs = np.log(j["loss_m"].to_numpy(float)) - np.log(j["loss_f"].to_numpy(float))
-    e = obs - pred[0]
+    e = obs - pred
     sd = float(e.std(ddof=1))
     return {"n": len(j), "token_ratio": float((j["tokens_m"] / j["tokens_f"]).mean()), "observed": float(obs.mean()),
-            "predicted": float(pred[0].mean()), "difference": float(e.mean()), "sd": sd,
+            "predicted": float(pred.mean()), "difference": float(e.mean()), "sd": sd,
             "t": float(e.mean() / (sd / np.sqrt(len(j))))}
 
 

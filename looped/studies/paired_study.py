@@ -22,10 +22,9 @@ from ..fit import FitError, FitResult, validate_runs
 from ..io import atomic_write_json, json_ready
 from ..solver import HUBER_DELTA
 from .paired import (
-    law_theta,
     load_arms,
-    log_law,
     main_law,
+    main_of,
     paired_difference,
     paired_estimate,
     paired_gains,
@@ -83,9 +82,7 @@ def read_results(path=RESULTS) -> dict:
 def law_residuals(law: FitResult, main_df) -> dict:
     """{(budget, r, s): mean log-loss residual of the main fit} (observed minus law)."""
     df = validate_runs(main_df)
-    res = np.log(df["loss"].to_numpy(float)) - log_law(law_theta(law), df["n_once"].to_numpy(float),
-                                                        df["n_rec"].to_numpy(float), df["r"].to_numpy(float),
-                                                        df["tokens"].to_numpy(float))[0]
+    res = np.log(df["loss"].to_numpy(float) / main_of(law).predict(df["n_once"], df["n_rec"], df["r"], df["tokens"]))
     by = pd.Series(res).groupby(pd.Series(run_key(df))).mean()   # replicates: their mean
     return {k: float(v) for k, v in by.items()}
 
@@ -94,8 +91,9 @@ def synthetic(law: FitResult, df, dphi=0.0, offset=0.0, resid=None, noise_sd=0.0
     """A copy of runs table `df` with losses from the law (phi + dphi, log-loss shift offset), plus
     the shared log residual of each (budget, r, s) in `resid` and independent noise in nats."""
     out = validate_runs(df).copy()
-    logl = log_law(law_theta(law), out["n_once"].to_numpy(float), out["n_rec"].to_numpy(float),
-                    out["r"].to_numpy(float), out["tokens"].to_numpy(float), dphi)[0] + offset
+    law = main_of(law)
+    law = law.replace(phi=law.phi + dphi)
+    logl = np.log(law.predict(out["n_once"], out["n_rec"], out["r"], out["tokens"])) + offset
     logl += np.array([(resid or {}).get(k, 0.0) for k in run_key(out)])
     noise = rng.normal(0.0, noise_sd, len(out)) if noise_sd else 0.0
     out["loss"] = np.exp(logl) + noise
