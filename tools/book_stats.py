@@ -53,8 +53,9 @@ def code_visibility(cell) -> str:
 
 def generated(output) -> tuple[int, int]:
     """(words written by code, HTML tables) of one cell output."""
-    data = output.get("data", {})
     glue = output.get("metadata", {}).get("scrapbook")
+    prefix = glue.get("mime_prefix", "") if glue else ""
+    data = {k[len(prefix):]: v for k, v in output.get("data", {}).items() if k.startswith(prefix)}
     n_words, n_tables = 0, len(HTML_TABLE.findall("".join(data.get("text/html", ""))))
     md = "".join(data.get("text/markdown", ""))
     if md:
