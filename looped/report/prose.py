@@ -7,11 +7,9 @@ import pandas as pd
 from ..config import R_VALUES
 from ..fit import at_bounds
 from ..law import as_law, residuals
-from ..solver import HI, LAW_PARAMS, LO
+from ..solver import HI, LO
 from ..studies.analysis import gap_side, gaps_by_budget, same_width_pairs
-from ..studies.case_studies import CaseStudy, token_gain
 from ..studies.paper import PAPER_PHI, PAPER_PHI_CI, paper_fits, paper_table
-from .palette import _SYMBOLS as _SYMBOL
 
 
 def residual_pattern(cells: "pd.DataFrame") -> str:
@@ -188,51 +186,3 @@ def beside_the_paper(joint) -> str:
                  f"of our cells cannot pin φ at all, so that end measures how little those resamples fix φ rather "
                  f"than a plausible value.")
     return text
-
-
-def token_gain_summary(study: str = "paper-truncated"):
-    """`token_gain` condensed per r and overall: runs, median / min / max of the token ratio."""
-    t = token_gain(study)
-    parts = [(str(r), g) for r, g in t.groupby("r")] + [("all", t)]
-    return pd.DataFrame([dict(r=k, runs=len(g), median=g["ratio"].median(), min=g["ratio"].min(),
-                              max=g["ratio"].max(), flops_ratio_median=g["flops_ratio"].median())
-                         for k, g in parts])
-
-
-def edge_notes(cs: CaseStudy) -> list:
-    """Sentences flagging estimates of a case study that sit on the edge of the fitting box
-    (log E = -3, i.e. E = e^-3 = 0.050 nats; phi = -3 or 3): a parameter there is a bound of the
-    protocol, not an estimate, and a bootstrap percentile there means that part of the resamples
-    ran into the edge, so the interval is open on that side.  Empty when nothing is on an edge."""
-    notes = []
-    for label, res in (("baseline", cs.baseline), (cs.name, cs.variant)):
-        if res is None:
-            continue
-        for p in at_bounds(res):
-            v = getattr(res, p)
-            where = ("at the lower edge of the fitting box, e⁻³ ≈ 0.050 nats" if p == "E"
-                     else f"at {v:.3f}, on the edge of the fitting box")
-            notes.append(f"the {label} fit puts {_SYMBOL.get(p, p)} {where}: a bound, not an estimate")
-        i = LAW_PARAMS.index("phi")
-        lo, hi = res.ci.get("phi", (float("nan"), float("nan")))
-        for end, v, box in (("lower", lo, LO[i]), ("upper", hi, HI[i])):
-            if v == v and abs(v - box) < 1e-3:
-                notes.append(f"the {end} end of the {label} fit's φ interval, {v:.3f}, is the edge of the fitting "
-                             f"box: some resamples ran into it, so the interval is open on that side")
-    return notes
-
-
-def reproduced(cs: CaseStudy, paper_delta: float) -> str:
-    """A short verdict on a case study's change in phi against the paper's, for a results table,
-    the same rule for every case study: 'yes' (the paired interval excludes zero on the paper's
-    side), 'no (opposite sign)' (it excludes zero on the other side), 'not resolved (...)' when
-    the interval contains zero or there is none, with the side the point estimate falls on, and
-    'not fitted'."""
-    if not cs.ok:
-        return "not fitted"
-    ci = cs.delta_phi_ci
-    same = (cs.delta_phi > 0) == (paper_delta > 0)
-    if ci is None or ci[0] <= 0 <= ci[1]:
-        why = "no paired interval" if ci is None else "interval contains 0"
-        return f"not resolved ({why}; point estimate on the {'paper' if same else 'other'}'s side)"
-    return "yes" if same else "no (opposite sign)"
