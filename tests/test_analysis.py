@@ -9,7 +9,7 @@ import pytest
 from looped.fit import FitResult
 from looped.report import prose
 from looped.solver import HI, LO
-from looped.studies import analysis, phi_fits
+from looped.studies import iso_flop, phi_fits
 
 
 def _fit(phi, lo=None, hi=None, r2=0.99, theta=(), n_runs=40):
@@ -128,9 +128,9 @@ def test_rmse_at_phi_is_zero_at_the_laws_phi():
 def test_gap_side_needs_every_r_on_one_side():
     paper = pd.DataFrame({"mean_gap": [0.04, 0.07, 0.11]}, index=[2, 4, 8])
     ours = lambda *g: pd.DataFrame({"mean_gap": list(g)}, index=[2, 4, 8])  # noqa: E731
-    assert analysis.gap_side(ours(0.08, 0.09, 0.12), paper) == "more"
-    assert analysis.gap_side(ours(0.01, 0.02, 0.03), paper) == "less"
-    assert analysis.gap_side(ours(0.08, 0.02, 0.12), paper) is None
+    assert iso_flop.gap_side(ours(0.08, 0.09, 0.12), paper) == "more"
+    assert iso_flop.gap_side(ours(0.01, 0.02, 0.03), paper) == "less"
+    assert iso_flop.gap_side(ours(0.08, 0.02, 0.12), paper) is None
 
 
 def test_same_width_gaps_split_into_slope_times_log_ratio():
@@ -138,14 +138,14 @@ def test_same_width_gaps_split_into_slope_times_log_ratio():
     per e-fold (`Law.size_slope`) times the log of the N_eff ratio; by budget it is constant."""
     runs = _runs(0.5).assign(s=lambda df: np.log2(df.budget / df.tokens).round())   # one s per width
     law = _fit(0.5).law
-    pairs = analysis.same_width_pairs(runs, law)
+    pairs = iso_flop.same_width_pairs(runs, law)
     assert len(pairs) == 3 * 2 * 4 and (pairs.gap > 0).all()
     approx = law.size_slope(pairs.n_eff) * pairs.log_ratio
     np.testing.assert_allclose(pairs.gap, approx, rtol=0.02)
-    table = analysis.gaps_by_budget(runs)
+    table = iso_flop.gaps_by_budget(runs)
     assert list(table.columns) == [2, 4] and len(table) == 3
     np.testing.assert_allclose(table.std(), 0.0, atol=1e-12)
-    summary = analysis.same_width_gaps(runs)
+    summary = iso_flop.same_width_gaps(runs)
     np.testing.assert_allclose(summary.mean_gap, table.mean())
 
 

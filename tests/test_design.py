@@ -1,5 +1,6 @@
-"""looped.studies.design: the pilot checks (iso-FLOP optima, tokens per parameter), the LR sweep and the
-seed spread, on synthetic records written where the sweep would write them."""
+"""looped.studies.pilot and looped.studies.targets: the pilot checks (iso-FLOP optima, tokens per
+parameter), the LR sweep, the seed spread and the scorecard, on synthetic records written where the
+sweep would write them."""
 from __future__ import annotations
 
 import math
@@ -10,7 +11,10 @@ import pytest
 
 from looped.io import atomic_write_json
 from looped.report import formatting, prose, tables
-from looped.studies import design, estimate, registry
+from looped.studies import cost, pilot, registry
+from looped.studies.iso_flop import main_design
+from looped.studies.study import Study
+from looped.studies.targets import leave_one_r_out, rerun_targets
 
 
 def write(folder, run, loss, **extra):
@@ -31,7 +35,7 @@ def test_pilot_optima_bracket_and_tokens_per_param(tmp_path):
         logs = [math.log(x.model_config().d_model) for x in cell]
         mid = (min(logs) + max(logs)) / 2
         write(tmp_path, run, 4.0 + (math.log(run.model_config().d_model) - mid) ** 2)
-    table = design.pilot_optima("prose-pilot", tmp_path)
+    table = pilot.pilot_optima("prose-pilot", tmp_path)
     assert len(table) == 4 and table.fitted.all() and table.inside.all()
     assert (table.finished == 4).all()
     assert (table.tokens_per_param > 1).all()
@@ -42,14 +46,14 @@ def test_pilot_optima_bracket_and_tokens_per_param(tmp_path):
     for run in runs:
         if run.budget == 2.5e12 and run.r == 1:
             write(tmp_path, run, 6.0 - 0.1 * run.s)
-    table = design.pilot_optima("prose-pilot", tmp_path).set_index(["budget", "r"])
+    table = pilot.pilot_optima("prose-pilot", tmp_path).set_index(["budget", "r"])
     assert not table.loc[(2.5e12, 1), "inside"] and table.loc[(1e13, 1), "inside"]
 
 
 def test_lr_sweep_finds_the_best_multiplier(tmp_path):
     for run in registry.load_study("prose-lr"):
         write(tmp_path, run, 4.0 + 0.1 * math.log2(run.lr_scale / (1.4 if run.r == 1 else 1.0)) ** 2)
-    table = design.lr_sweep("prose-lr", tmp_path).set_index("r")
+    table = pilot.lr_sweep("prose-lr", tmp_path).set_index("r")
     assert table.loc[1, "best_multiplier"] == 1.4 and table.loc[4, "best_multiplier"] == 1.0
     assert table.loc[4, "transfer_ok"] and not table.loc[1, "transfer_ok"]
     assert table.loc[1, "gap_at_1"] == pytest.approx(0.1 * math.log2(1 / 1.4) ** 2)
@@ -59,16 +63,16 @@ def test_seed_spread(tmp_path):
     losses = {42: 4.00, 43: 4.02, 44: 4.01}
     for run in registry.load_study("prose-seeds"):
         write(tmp_path, run, losses[run.seed] + run.r)
-    table = design.seed_spread("prose-seeds", tmp_path)
+    table = pilot.seed_spread("prose-seeds", tmp_path)
     assert list(table.r) == [1, 8] and (table.seeds == 3).all()
     assert table["range"].tolist() == pytest.approx([0.02, 0.02])
     assert table["std"].tolist() == pytest.approx([0.01, 0.01])
 
 
 def test_empty_studies_give_empty_tables(tmp_path):
-    assert design.lr_sweep("prose-lr", tmp_path / "none").empty
-    assert design.seed_spread("prose-seeds", tmp_path / "none").empty
-    assert not design.pilot_optima("prose-pilot", tmp_path / "none").fitted.any()
+    assert pilot.lr_sweep("prose-lr", tmp_path / "none").empty
+    assert pilot.seed_spread("prose-seeds", tmp_path / "none").empty
+    assert not pilot.pilot_optima("prose-pilot", tmp_path / "none").fitted.any()
 
 
 def test_grid_batch_column_names_and_trains_the_run():
@@ -78,7 +82,7 @@ def test_grid_batch_column_names_and_trains_the_run():
     assert tc.batch_tokens == 4096 and tc.lr_scale == 0.5 ** 0.558
     from looped.train import run_id
     assert run_id(tc) == runs[0].run_id
-    plan = estimate.plan(runs, peak_flops=1e9, mfu=0.5)
+    plan = cost.plan(runs, peak_flops=1e9, mfu=0.5)
     assert (plan.tokens / plan.steps == 4096).all()
 
 
@@ -87,24 +91,24 @@ def test_batch_comparison_pairs_the_two_batch_sizes(tmp_path):
     for run in runs:
         write(tmp_path, run, 4.0 + run.s / 100 + (0.05 if run.tokens_per_step == 4096 else 0.0),
               batch_tokens=run.tokens_per_step)
-    table = design.batch_comparison("prose-batch", tmp_path)
+    table = pilot.batch_comparison("prose-batch", tmp_path)
     assert len(table) == 8 and (table.budget == 3e12).all()
     assert list(table.columns[-3:]) == ["loss at 2,048", "loss at 4,096", "4,096 minus 2,048"]
     assert table["4,096 minus 2,048"].tolist() == pytest.approx([0.05] * 8)
-    assert design.batch_comparison("prose-batch", tmp_path / "none").empty
+    assert pilot.batch_comparison("prose-batch", tmp_path / "none").empty
 
 
 def test_grid_shape_and_the_main_study_meets_the_design_rules():
     """The committed cpu-main grid: >= 4 budgets over >= 10x, >= 4 widths of d >= 16 (two heads
     of 8) per budget, all four r, >= 64 runs; case studies on the lower two budgets."""
-    shape = design.grid_shape("cpu-main")
+    shape = pilot.grid_shape("cpu-main")
     assert len(shape) >= 4 and shape.budget.max() / shape.budget.min() >= 10
     assert shape.runs.sum() >= 64 and (shape.r == "1, 2, 4, 8").all()
     for widths in shape.widths:
         d = [int(x) for x in widths.split(", ")]
         assert len(d) >= 4 and min(d) >= 16 and all(x % 8 == 0 for x in d)
     for study in ("cpu-truncated", "cpu-hyper"):
-        case = design.grid_shape(study)
+        case = pilot.grid_shape(study)
         assert list(case.budget) == list(shape.budget[:2]) and (case.r == "2, 4, 8").all()
 
 
@@ -135,32 +139,32 @@ def test_rerun_targets_report_hits_and_misses(tmp_path):
     """On runs that follow the law exactly every target is met; a failed run, a cell whose loss
     falls monotonically with width and noisy losses are each reported as misses."""
     from looped.fit import fit
-    from looped.studies import analysis, phi_fits
+    from looped.studies import phi_fits
     runs = registry.load_study("cpu-main")
     for run in runs:
         write(tmp_path, run, _law_loss(run))
-    table = analysis.study_table("cpu-main", tmp_path)
-    kept, _ = analysis.main_design(table)
+    table = Study("cpu-main", tmp_path).table()
+    kept, _ = main_design(table)
     joint = fit(kept, restarts=20, seed=0, bootstrap=20, boot_restarts=4)
     halves = phi_fits.half_fits(kept, restarts=20, seed=0, bootstrap=20)
-    targets = design.rerun_targets(table, joint, halves, seed_std=0.01).set_index("target")
+    targets = rerun_targets(table, joint, halves, seed_std=0.01).set_index("target")
     assert len(targets) == 7 and targets.met.all(), targets
     assert joint.phi == pytest.approx(0.5, abs=0.02)
     # a failed run, and the narrowest model of one cell made the best: two misses
     first = [r for r in runs if r.budget == 2.5e12 and r.r == 1]
     atomic_write_json(tmp_path / f"{runs[-1].run_id}.json", {"run_id": runs[-1].run_id, "status": "failed"})
     write(tmp_path, first[0], 3.0)
-    table = analysis.study_table("cpu-main", tmp_path)
-    targets = design.rerun_targets(table, joint, halves, seed_std=0.01).set_index("target")
+    table = Study("cpu-main", tmp_path).table()
+    targets = rerun_targets(table, joint, halves, seed_std=0.01).set_index("target")
     assert not targets.loc["runs finished without divergence or failure", "met"]
     assert "1 diverged or failed" in targets.loc["runs finished without divergence or failure", "measured"]
     assert not targets.loc["(budget, r) cells that bracket their minimum", "met"]
     # residuals larger than three seed spreads and 0.03 nats miss both residual targets
     noisy = fit(kept.assign(loss=kept.loss + 0.08 * (-1.0) ** kept.index.to_numpy()), restarts=20, seed=0)
-    targets = design.rerun_targets(table, noisy, None, seed_std=0.01).set_index("target")
+    targets = rerun_targets(table, noisy, None, seed_std=0.01).set_index("target")
     assert not targets.loc["residual RMSE (nats)", "met"] and not targets.loc["residual RMSE / seed noise (std)", "met"]
     # before a fit exists only the run and cell counts are reported
-    assert len(design.rerun_targets(table, None)) == 2
+    assert len(rerun_targets(table, None)) == 2
 
 
 def test_scale_comparison_reads_both_grids_and_presets():
@@ -170,7 +174,7 @@ def test_scale_comparison_reads_both_grids_and_presets():
     assert table.loc["context length T", "paper"] == "2,048" and table.loc["context length T", "ours"] == "128"
     assert table.loc["context length T", "paper / ours"] == 16.0
     assert table.loc["head dimension", "ours"] == "8" and table.loc["effective depth (layers)", "paper / ours"] == 2.0
-    shape = design.grid_shape("cpu-main")
+    shape = pilot.grid_shape("cpu-main")
     budgets = [shape.budget.min(), shape.budget.max()]
     assert table.loc["training budget (FLOPs)", "ours"] == " to ".join(formatting.power_of_ten(b) for b in budgets)
     assert table.loc["unique non-embedding parameters", "ours"].endswith("k")   # engineering notation, no 1e+05
@@ -221,7 +225,7 @@ def test_leave_one_r_out_finds_the_architecture_that_misfits():
     from looped.studies.paper import paper_grid, synthetic_runs
     runs = synthetic_runs(noise=0.0, grid=paper_grid())
     runs.loc[runs.r == 2, "loss"] += 0.05
-    table = design.leave_one_r_out(runs, restarts=20).set_index("fit")
+    table = leave_one_r_out(runs, restarts=20).set_index("fit")
     assert list(table.index) == ["all runs", "without r = 2", "without r = 4", "without r = 8"]
     assert table.loc["without r = 2", "rmse"] < 1e-3 < table.loc["without r = 4", "rmse"]
     assert table.loc["without r = 2", "runs"] == (runs.r != 2).sum()

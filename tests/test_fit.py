@@ -10,7 +10,7 @@ import pytest
 
 from looped import fit as F
 from looped import solver
-from looped.studies import analysis, paper
+from looped.studies import iso_flop, paper
 
 PAPER = Path(__file__).resolve().parents[1] / "runs" / "paper"
 
@@ -157,7 +157,7 @@ def test_bootstrap_is_the_full_protocol_and_pruning_is_exact(grid):
 
 def test_iso_flop_minima(grid):
     df = paper.synthetic_runs(noise=0.0, grid=grid)
-    m = analysis.iso_flop_minima(df)
+    m = iso_flop.iso_flop_minima(df)
     assert len(m) == 24 and m["opens_up"].all()
     assert (m.loc[m["r"] == 1, "n_star"].to_numpy() > m.loc[m["r"] == 8, "n_star"].to_numpy()).all()
 

@@ -1,5 +1,5 @@
 """The README's numbers come from the code: its GPU-cost table is recomputed from the studies'
-accounting (`looped.studies.analysis.study_compute`) at the spec peaks and MFUs its header names."""
+accounting (`looped.studies.study.Study.cost`) at the spec peaks and MFUs its header names."""
 from __future__ import annotations
 
 import re
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from looped.memory import GPU_SPECS
-from looped.studies import analysis
+from looped.studies.study import Study
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
 ROWS = re.findall(r"^\| `([\w-]+)` \| (\d+) \| ([\d.e]+) \| ([\d,]+) \| ([\d,]+) \| ([\d,]+) \|$", README, re.M)
@@ -22,16 +22,16 @@ def test_the_cost_table_is_there():
 @pytest.mark.parametrize("row", ROWS, ids=[r[0] for r in ROWS])
 def test_each_cost_row_is_the_accounting(row):
     study, runs, flops, h35, h50, a100 = row
-    total = analysis.study_compute(study, GPU_SPECS["H200"][0], 0.35).iloc[-1]
+    total = Study(study).cost(GPU_SPECS["H200"][0], 0.35).iloc[-1]
     assert int(runs) == total.runs and float(flops) == pytest.approx(total.flops, rel=5e-3)
     for text, peak, mfu in ((h35, GPU_SPECS["H200"][0], 0.35), (h50, GPU_SPECS["H200"][0], 0.5),
                             (a100, GPU_SPECS["A100"][0], 0.35)):
-        hours = analysis.study_compute(study, peak, mfu).iloc[-1].gpu_hours
+        hours = Study(study).cost(peak, mfu).iloc[-1].gpu_hours
         assert int(text.replace(",", "")) == round(hours), (study, text, hours)
 
 
 def test_the_totals_in_the_text():
-    hours = {s: analysis.study_compute(s, GPU_SPECS["H200"][0], 0.35).iloc[-1].gpu_hours
+    hours = {s: Study(s).cost(GPU_SPECS["H200"][0], 0.35).iloc[-1].gpu_hours
              for s in ("gpu-main", "gpu-truncated", "gpu-hyper", "paper-main", "paper-truncated", "paper-hyper")}
     one_gpu = hours["gpu-main"] + hours["gpu-truncated"] + hours["gpu-hyper"]
     paper = hours["paper-main"] + hours["paper-truncated"] + hours["paper-hyper"]

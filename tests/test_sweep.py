@@ -21,7 +21,7 @@ from looped.config import model_config
 from looped.data import dataset
 from looped.io import atomic_write_json
 from looped.records import run_state
-from looped.studies import estimate, registry, sweep
+from looped.studies import cost, registry, sweep
 
 REPO = Path(__file__).resolve().parents[1]
 STUDY = "t"
@@ -238,16 +238,16 @@ def test_dry_run_lists_every_run_and_writes_nothing(study, tmp_path, capsys):
         assert int(fields["n"]) == s["n"]
     assert f"{len(runs)} runs ({len(runs)} to do)" in text and " h left" in text
     assert not out.exists()
-    table = estimate.plan(runs, peak_flops=1e9, mfu=0.5)
+    table = cost.plan(runs, peak_flops=1e9, mfu=0.5)
     assert list(table.run_id) == [r.run_id for r in runs]
     assert (table.est_seconds == table.flops_per_token * table.tokens / 5e8).all()
     # no division by zero (the CLI says so in one line first): an impossible MFU or GPU count
     for kw in (dict(mfu=0), dict(mfu=2), dict(peak_flops=0)):
         with pytest.raises(registry.SweepError, match="MFU in"):
-            estimate.plan(runs, **{"peak_flops": 1e9, "mfu": 0.5, **kw})
+            cost.plan(runs, **{"peak_flops": 1e9, "mfu": 0.5, **kw})
     with pytest.raises(registry.SweepError, match="--gpus must be >= 1"):
-        estimate.gpu_plan(runs, 1e15, 0.35, 80e9, gpus=0)
-    assert estimate.plan(runs, peak_flops=float("nan"), mfu=0.3).est_seconds.isna().all()  # unknown peak
+        cost.gpu_plan(runs, 1e15, 0.35, 80e9, gpus=0)
+    assert cost.plan(runs, peak_flops=float("nan"), mfu=0.3).est_seconds.isna().all()  # unknown peak
 
 
 # ----------------------------------------------------------------------------- kill and restart
@@ -457,12 +457,12 @@ def test_cpu_estimate_times_a_new_study_with_the_presets_fast_path_runs(tmp_path
         # an eager run and a copied record must not count
         atomic_write_json(root / "eager" / f"{run.run_id}.json", {**rec, "compile": False, "wall_seconds": 1.0})
         atomic_write_json(root / "copy" / f"{run.run_id}.json", {**rec, "copied_from": "x", "wall_seconds": 1.0})
-    found = estimate.fast_path_records("prose", root)
+    found = cost.fast_path_records("prose", root)
     assert len(found) == len(registry.load_study("prose-pilot"))
     monkeypatch.setattr(
-        estimate, "fast_path_records", lambda preset, orig=estimate.fast_path_records: orig(preset, root)
+        cost, "fast_path_records", lambda preset, orig=cost.fast_path_records: orig(preset, root)
     )
-    est = estimate.cpu_estimate(runs, tmp_path / "runs" / "new", peak_flops=1e9, processes=2)
+    est = cost.cpu_estimate(runs, tmp_path / "runs" / "new", peak_flops=1e9, processes=2)
     assert est["timing"] == pytest.approx((0.2, 1e-10), rel=1e-6)
     secs = est["table"].est_seconds
     assert est["hours"] == pytest.approx(secs.sum() / 3600)
@@ -470,7 +470,7 @@ def test_cpu_estimate_times_a_new_study_with_the_presets_fast_path_runs(tmp_path
     assert est["todo"] == len(runs) and "fast-path" in est["basis"]
     assert est["hours_wall_all"] == pytest.approx(est["hours_wall"])  # nothing recorded yet
     # without any timing source it falls back to the assumed MFU of the peak
-    bare = estimate.cpu_estimate(runs, tmp_path / "none", peak_flops=1e9, mfu=0.5,
+    bare = cost.cpu_estimate(runs, tmp_path / "none", peak_flops=1e9, mfu=0.5,
                               timing_from=[str(tmp_path / "empty")])
     assert bare["timing"] is None and "50% of the measured" in bare["basis"]
 

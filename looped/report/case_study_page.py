@@ -11,30 +11,22 @@ Nothing in the package imports this module; the chapters do.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 
 from .. import memory
-from ..config import REPO
 from ..fit import at_bounds
 from ..solver import HI, LAW_PARAMS, LO
-from ..studies import cost, registry
+from ..studies import cost
 from ..studies.case_studies import CaseStudy, case_study_cells, case_study_runs, token_gain
 from ..studies.paper import paper_table
+from ..studies.study import Study
 from .checks import CASE_STUDY_CHANGE, CASE_STUDY_FIT, checked
 from .formatting import power_of_ten
 from .palette import _SYMBOLS, LEGEND_FONTSIZE, OURS_COLOR, r_color
 from .tables import Table
 
 NAN = float("nan")
-
-
-def resolve(path) -> Path:
-    """A run folder as the chapters' parameters give it: absolute, or relative to the repository."""
-    p = Path(path)
-    return p if p.is_absolute() else REPO / p
 
 
 def paper_fits() -> pd.DataFrame:
@@ -44,7 +36,7 @@ def paper_fits() -> pd.DataFrame:
 
 def gpu_cost(study: str, gpu: str = "H200") -> tuple[float, int]:
     """(GPU-hours, runs) of a named study on one ``gpu`` at the assumed model-FLOPs utilisation."""
-    plan = cost.plan(registry.load_study(study), memory.GPU_SPECS[gpu][0], cost.DEFAULT_GPU_MFU)
+    plan = Study(study).plan(memory.GPU_SPECS[gpu][0], cost.DEFAULT_GPU_MFU)
     return float(plan.est_seconds.sum() / 3600), len(plan)
 
 

@@ -8,7 +8,7 @@ from ..config import R_VALUES
 from ..fit import at_bounds
 from ..law import as_law, residuals
 from ..solver import HI, LO
-from ..studies.analysis import gap_side, gaps_by_budget, same_width_pairs
+from ..studies.iso_flop import gap_side, gaps_by_budget, same_width_pairs
 from ..studies.paper import PAPER_PHI, PAPER_PHI_CI, paper_fits, paper_table
 
 

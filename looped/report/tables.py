@@ -14,10 +14,8 @@ import hashlib
 import numpy as np
 import pandas as pd
 
-from ..config import get_preset
 from ..solver import LAW_PARAMS
-from ..studies.analysis import study_learning_rates, study_plan
-from ..studies.registry import STUDIES
+from ..studies.study import Study
 from .checks import checked
 from .formatting import eng, number_text, power_of_ten, short_number, span
 
@@ -269,7 +267,7 @@ def learning_rate_summary(studies=("paper-main", "cpu-main")):
     """Range of each peak learning rate over the runs of each budget of the given studies."""
     rows = []
     for study in studies:
-        lr = study_learning_rates(study)
+        lr = Study(study).learning_rates()
         for budget, g in lr.groupby("budget", sort=True):
             rows.append({"study": study, "budget": budget,
                          **{k: span(g[k], lambda v: f"{v:.4f}") for k in ("matrix", "embedding", "head", "norm")}})
@@ -281,8 +279,8 @@ def scale_comparison(ours: str = "cpu-main", paper: str = "paper-main") -> pd.Da
     small-scale phi from the paper's (unique non-embedding parameters, training tokens, steps,
     budgets, context, vocabulary, head dimension), with the factor paper / ours (for a range,
     the ratio of the geometric means of its ends)."""
-    plans = {name: study_plan(name) for name in (paper, ours)}
-    presets = {name: get_preset(STUDIES[name][2]) for name in (paper, ours)}
+    plans = {name: Study(name).plan() for name in (paper, ours)}
+    presets = {name: Study(name).preset for name in (paper, ours)}
     whole = lambda x: f"{int(x):,}"
     rows = []
     for quantity, values, fmt in (

@@ -7,9 +7,7 @@ and hyperconnections, each refitted beside a baseline at the same budgets.
 """
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -17,28 +15,23 @@ import pandas as pd
 
 from .. import accounting as acc
 from ..config import get_preset, model_config
-from ..fit import REQUIRED, FitError, FitResult, fit, is_chinchilla, load_runs, validate_runs
+from ..fit import REQUIRED, FitError, FitResult, fit, is_chinchilla, validate_runs
 from .registry import load_study
+from .study import Study
 
 if TYPE_CHECKING:
     import pandas as pd
 
 
 def _as_runs(runs):
-    """A runs table from a DataFrame, a CSV / record folder, or None; a missing folder, a folder
-    without records or None give an empty table (a sweep that has not started yet)."""
-
-    empty = pd.DataFrame(columns=list(REQUIRED) + ["budget"])
-    if runs is None:
-        return empty
-    if isinstance(runs, pd.DataFrame):
-        return validate_runs(runs) if len(runs) else empty
-    p = Path(runs)
-    if not p.exists() or (p.is_dir() and not any(p.rglob("*.json"))):
-        return empty
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return load_runs(p)
+    """A runs table from a DataFrame, a CSV / record folder (`Study.at(folder).fit_table`: relative
+    to the repository root), or None; a missing folder, a folder without records or None give an
+    empty table (a sweep that has not started yet)."""
+    if isinstance(runs, pd.DataFrame) and len(runs):
+        return validate_runs(runs)
+    if runs is None or isinstance(runs, pd.DataFrame):
+        return pd.DataFrame(columns=list(REQUIRED) + ["budget"])
+    return Study.at(runs).fit_table(main_design=False)
 
 
 def _in_budgets(df, budgets) -> np.ndarray:

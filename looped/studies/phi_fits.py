@@ -13,9 +13,10 @@ import pandas as pd
 from ..config import REPO
 from ..fit import fit
 from ..law import as_law, residuals
-from .analysis import budget_halves, main_design, study_runs
 from .case_studies import case_study
+from .iso_flop import budget_halves, main_design
 from .paper import paper_fits
+from .study import Study
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -77,7 +78,7 @@ def our_phi_fits(main_runs, truncated_runs=None, hyper=None, restarts: int = 500
     """Our fits behind every estimate of phi, under the labels of `PHI_FITS`.
 
     The joint fit and the budget halves (each with ``bootstrap`` block-bootstrap resamples) on
-    the main design of the records in the folder ``main_runs`` (`looped.studies.analysis.study_runs`);
+    the main design of the records in the folder ``main_runs`` (`looped.studies.study.Study.records`);
     the case-study baseline and the hyperconnection refit
     from ``hyper`` (a `looped.studies.case_studies.CaseStudy` already fitted); the truncated-BPTT refit
     on the records in ``truncated_runs`` beside the main study (`looped.studies.case_studies.case_study`,
@@ -86,7 +87,7 @@ def our_phi_fits(main_runs, truncated_runs=None, hyper=None, restarts: int = 500
     from the repository root.
     """
     main_runs = Path(main_runs) if Path(main_runs).is_absolute() else REPO / main_runs
-    runs, _ = main_design(study_runs(main_runs))
+    runs, _ = main_design(Study.at(main_runs).records())
     out = dict.fromkeys(PHI_FITS)
     if joint_fit_ready(runs):
         out["joint fit"] = fit(runs, restarts=restarts, seed=seed, bootstrap=bootstrap)

@@ -22,7 +22,7 @@ from ..config import ConfigError, get_preset
 from ..io import atomic_write_json
 from ..law import as_law
 from ..memory import GPU_SPECS
-from .estimate import DEFAULT_GPU, DEFAULT_GPU_MFU
+from .cost import DEFAULT_GPU, DEFAULT_GPU_MFU
 from .paper import PAPER_LAW
 from .registry import STUDIES, SweepError, load_study
 

@@ -27,7 +27,7 @@ from ..io import atomic_write_json
 from ..memory import GPU_SPECS
 from ..options import TrainConfig, add_options, given_options, option_argv
 from ..records import RecordError, read_records, record_status, run_state
-from .estimate import DEFAULT_GPU, DEFAULT_GPU_MFU, cpu_estimate, detect_gpu, gpu_plan
+from .cost import DEFAULT_GPU, DEFAULT_GPU_MFU, cpu_estimate, detect_gpu, gpu_plan
 from .registry import GRID_COLUMNS, STUDIES, Run, SweepError, load_study
 
 

@@ -1,48 +1,19 @@
-"""Run-table analysis: the planned and finished runs of a study and what they show without a law.
+"""What a study's finished runs show without a law, and the split the law is fitted to.
 
-Study plans and their costs, the runs table of finished records, iso-FLOP minima per
-(budget, r) cell (the paper's parabola in log N), loss gaps of looped models to the plain
-model, the main-design split the joint law is fitted to, and residual summaries of a fit.
-The fits behind every estimate of phi are in `looped.studies.phi_fits`.
+Iso-FLOP minima per (budget, r) cell (the paper's parabola in log N) and how they move with the
+budget, loss gaps of looped models to the plain model at the same width and at the best width,
+the main-design split the joint law is fitted to (`main_design`), and residual summaries of a
+fit per r.  The run tables these read come from `looped.studies.study.Study`; the fits behind
+every estimate of phi are in `looped.studies.phi_fits`.
 """
 from __future__ import annotations
-
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
-from .. import accounting as acc
-from ..config import R_VALUES, REPO, get_preset
+from ..config import R_VALUES
 from ..fit import FitError, validate_runs
 from ..law import residuals
-from ..memory import GPU_SPECS
-from ..records import COLUMNS, read_records
-from .estimate import DEFAULT_GPU_MFU, plan
-from .registry import load_study
-
-if TYPE_CHECKING:
-    import pandas as pd
-
-
-def study_runs(runs_dirs):
-    """Run records of one or more sweep folders as one table (`looped.records.read_records`).
-
-    Relative folders are taken from the repository root.  A folder that does not exist yet (a
-    sweep that has not started) contributes nothing.  Every status is kept; the column
-    ``folder`` names the folder a record came from.
-    """
-
-    frames = []
-    for folder in ([runs_dirs] if isinstance(runs_dirs, (str, Path)) else list(runs_dirs)):
-        path = Path(folder)
-        path = path if path.is_absolute() else REPO / path
-        if path.is_dir():
-            frames.append(read_records(path).assign(folder=str(folder)))
-    if not frames:
-        return pd.DataFrame(columns=COLUMNS + ["folder"])
-    return pd.concat(frames, ignore_index=True)
 
 
 def main_design(runs):
@@ -103,73 +74,6 @@ def iso_flop_minima(df) -> "pd.DataFrame":
                          inside=bool(u.min() <= us <= u.max()), opens_up=bool(opens)))
     return pd.DataFrame(rows, columns=["budget", "r", "n_runs", "n_star", "loss_star", "tokens_star",
                                        "inside", "opens_up"])
-
-
-def study_plan(study: str = "cpu-main", peak_flops: float = 1.0, mfu: float = 1.0):
-    """Every run of a named study with its size, tokens, steps and compute.
-
-    This is ``looped.studies.estimate.plan`` (what ``looped sweep STUDY --dry-run`` prints) plus the
-    columns ``run_flops`` (training FLOPs per token times tokens: the budget up to whole steps)
-    and ``tokens_per_param`` (tokens per unique non-embedding parameter).  ``est_seconds`` is
-    the run's wall time at ``mfu`` of ``peak_flops``.
-    """
-    table = plan(load_study(study), peak_flops, mfu)
-    table["run_flops"] = table["flops_per_token"].astype(float) * table["tokens"]
-    table["tokens_per_param"] = table["tokens"] / table["n"]
-    return table
-
-
-def study_table(study: str = "cpu-main", runs_dir=None):
-    """The planned runs of a study joined with the records found in ``runs_dir``.
-
-    One row per planned run (``study_plan`` columns) with ``status`` ('ok', 'diverged',
-    'failed', 'corrupt', or 'missing' where no record exists yet), ``loss`` (nats),
-    ``wall_seconds`` and ``tokens_per_s`` from the record.  Records of runs outside the planned
-    grid (e.g. an extra budget trained with ``looped sweep STUDY --grid FILE``) are appended
-    from their own fields, with ``planned`` False.  A missing folder means no records.
-    """
-
-    table = study_plan(study).drop(columns=["est_seconds"])
-    table["planned"] = True
-    runs_dir = REPO / "runs" / study if runs_dir is None else Path(runs_dir)
-    rec = read_records(runs_dir) if runs_dir.is_dir() else None
-    cols = ["status", "loss", "wall_seconds", "tokens_per_s"]
-    if rec is None or rec.empty:
-        rec = pd.DataFrame(columns=COLUMNS)
-    table = table.merge(rec[["run_id"] + cols], on="run_id", how="left")
-    extra = rec[~rec.run_id.isin(table.run_id) & rec.budget.notna() & rec.n.notna()].copy()
-    if len(extra):
-        extra["planned"] = False
-        num = ["budget", "s", "d_model", "n", "n_once", "n_rec", "flops_per_token", "tokens", "steps"]
-        extra[num] = extra[num].astype(float)
-        extra["r"] = extra["r"].astype(int)
-        extra["run_flops"] = extra.flops_per_token * extra.tokens
-        extra["tokens_per_param"] = extra.tokens / extra.n
-        table = pd.concat([table, extra[[c for c in table.columns if c in extra.columns]]], ignore_index=True)
-        table = table.sort_values(["budget", "r", "s"], kind="stable").reset_index(drop=True)
-    table["status"] = table["status"].fillna("missing")
-    for c in cols[1:]:
-        table[c] = table[c].astype(float)
-    return table
-
-
-def status_counts(table):
-    """Finished ('ok') runs over planned runs ('4/5'), one row per budget, one column per r."""
-    g = table.assign(ok=table.status.eq("ok")).groupby(["budget", "r"])
-    cell = (g.ok.sum().astype(int).astype(str) + "/" + g.size().astype(str)).unstack("r")
-    cell.columns = [f"r={r}" for r in cell.columns]
-    return cell.reset_index()
-
-
-def loss_pivot(table, decimals: int = 3):
-    """Final validation loss (nats) of every finished run: one row per (budget, s, d_model) planned,
-    one column per r (NaN where the run has not finished)."""
-    ok = table[table.status == "ok"]
-    pv = ok.pivot_table(index=["budget", "s", "d_model"], columns="r", values="loss", aggfunc="first")
-    full = table.pivot_table(index=["budget", "s", "d_model"], columns="r", values="n", aggfunc="first")
-    pv = pv.reindex(index=full.index, columns=full.columns).round(decimals)
-    pv.columns = [f"r={r}" for r in pv.columns]
-    return pv.reset_index()
 
 
 def iso_flop_cells(table, min_runs: int = 3):
@@ -255,6 +159,13 @@ def same_width_gaps(runs):
     return out
 
 
+def gap_side(gaps, paper_gaps) -> "str | None":
+    """'more' when looping costs our runs more than the paper's law predicts at every r (mean
+    same-width gaps of `same_width_gaps`), 'less' when less at every r, None when it varies."""
+    ref = paper_gaps["mean_gap"].reindex(gaps.index)
+    return "less" if (gaps["mean_gap"] < ref).all() else "more" if (gaps["mean_gap"] > ref).all() else None
+
+
 def residuals_by_r(res, runs):
     """Residuals (observed minus predicted loss, nats) of a fitted law, summarised per r: number
     of runs, mean residual, largest absolute residual and RMSE (the paper's per-r table)."""
@@ -265,39 +176,6 @@ def residuals_by_r(res, runs):
                         "max_abs_residual": g.apply(lambda x: float(np.abs(x).max())),
                         "rmse": g.apply(lambda x: float(np.sqrt(np.mean(np.square(x)))))})
     return out
-
-
-def run_costs(table):
-    """Wall time of the finished runs per budget, then in total (a last row with budget 'total'),
-    from the records: runs, summed wall seconds, training tokens, tokens/s (total tokens over
-    total time) and the model FLOP/s that the accounting credits them with."""
-    ok = table[(table.status == "ok") & table.wall_seconds.notna()].copy()
-    ok["model_flops"] = ok.flops_per_token.astype(float) * ok.tokens
-    rows = []
-    for key, g in list(ok.groupby("budget", sort=True)) + [("total", ok)]:
-        wall = g.wall_seconds.sum()
-        rows.append({"budget": key, "runs": len(g), "wall_seconds": wall,
-                     "wall_hours": wall / 3600, "tokens": g.tokens.sum(),
-                     "tokens_per_s": g.tokens.sum() / wall if wall else float("nan"),
-                     "model_gflops_per_s": g.model_flops.sum() / wall / 1e9 if wall else float("nan")})
-    return pd.DataFrame(rows)
-
-
-
-
-def study_compute(study: str = "paper-main", peak_flops: float = GPU_SPECS["H200"][0], mfu: float = DEFAULT_GPU_MFU):
-    """Training compute of a study per budget, then in total (a last row with budget 'total'):
-    runs, total FLOPs, and accelerator-hours at an ASSUMED ``mfu`` of ``peak_flops`` (default:
-    the H200's dense bf16 peak at ``DEFAULT_GPU_MFU``, the default of ``looped sweep --dry-run``;
-    the validation passes and restarts are not included)."""
-    plan_ = study_plan(study)
-    rows = []
-    for key, g in list(plan_.groupby("budget", sort=True)) + [("total", plan_)]:
-        flops = g.run_flops.sum()
-        rows.append({"budget": key, "runs": len(g), "flops": flops,
-                     "gpu_hours": flops / (peak_flops * mfu) / 3600,
-                     "longest_run_hours": g.run_flops.max() / (peak_flops * mfu) / 3600})
-    return pd.DataFrame(rows)
 
 
 def loss_gaps_to_plain(table, paper=None, min_runs: int = 3):
@@ -319,24 +197,3 @@ def loss_gaps_to_plain(table, paper=None, min_runs: int = 3):
     out = pd.concat(frames).reset_index()
     cols = [r for r in R_VALUES if r != 1 and r in out.columns]
     return out[["source", "budget"] + cols].rename(columns={r: f"r={r}" for r in cols})
-
-
-def study_learning_rates(study: str = "cpu-main"):
-    """Peak learning rates (``looped.optim.learning_rates``, HyperP transfer) of every run of a
-    study: one row per run with the matrix (MuonH), embedding, head and norm rates."""
-
-    from ..optim import learning_rates
-    rows = []
-    for run in load_study(study):
-        cfg = run.model_config()
-        bt = get_preset(run.preset).batch_tokens
-        lrs = learning_rates(cfg, bt, acc.tokens_for_budget(cfg, run.budget, bt))
-        rows.append(dict(budget=run.budget, r=run.r, s=run.s, d_model=cfg.d_model, **lrs))
-    return pd.DataFrame(rows)
-
-
-def gap_side(gaps, paper_gaps) -> "str | None":
-    """'more' when looping costs our runs more than the paper's law predicts at every r (mean
-    same-width gaps of `same_width_gaps`), 'less' when less at every r, None when it varies."""
-    ref = paper_gaps["mean_gap"].reindex(gaps.index)
-    return "less" if (gaps["mean_gap"] < ref).all() else "more" if (gaps["mean_gap"] > ref).all() else None

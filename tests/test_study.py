@@ -1,0 +1,47 @@
+"""looped.studies.study.Study: a named study's grid, resolved preset and folder as one value; its
+tables read the same records from any working directory."""
+from __future__ import annotations
+
+import os
+import warnings
+
+import pandas as pd
+import pytest
+
+from looped.config import PRESETS, REPO
+from looped.fit import load_runs
+from looped.studies.iso_flop import main_design
+from looped.studies.registry import SweepError, load_study
+from looped.studies.study import Study
+
+
+def test_a_named_study_carries_its_grid_preset_and_folder():
+    s = Study("cpu-main")
+    assert s.runs == tuple(load_study("cpu-main")) and s.preset is PRESETS["prose"]
+    assert s.folder == REPO / "runs" / "cpu-main"
+    assert len(s.plan()) == len(s.runs) and {"run_flops", "tokens_per_param"} <= set(s.plan().columns)
+
+
+def test_a_missing_folder_has_no_records(tmp_path):
+    s = Study("cpu-main", tmp_path / "not-yet")
+    assert s.records().empty and list(s.records().columns)[:3] == ["run_id", "study", "status"]
+    assert s.records(ok=True).empty and s.fit_table().empty
+    assert (s.table().status == "missing").all() and len(s.table()) == len(s.runs)
+    with pytest.raises(SweepError, match="no grid"):
+        Study.at(tmp_path / "not-yet").plan()  # a folder that is no named study has no grid
+
+
+def test_a_relative_folder_is_read_from_the_repository_at_any_cwd(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    s = Study.at("runs/cpu-main")
+    assert os.getcwd() == str(tmp_path) and s.folder == REPO / "runs" / "cpu-main" and s.name == "cpu-main"
+    assert len(s.records()) == len(Study("cpu-main").records()) > 0
+
+
+def test_the_fit_table_is_the_fitters_main_design():
+    ours = Study("cpu-main").fit_table()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (unfinished runs are dropped with a warning)
+        theirs, _ = main_design(load_runs(REPO / "runs" / "cpu-main"))
+    pd.testing.assert_frame_equal(ours, theirs)
+    assert len(Study("cpu-main").fit_table(main_design=False)) >= len(ours)
