@@ -12,7 +12,7 @@ import math
 import sys
 from dataclasses import replace
 
-from .config import ConfigError, ModelConfig, get_preset, model_config, size_note
+from .config import ConfigError, ModelConfig, model_config, size_note
 from .io import add_json_option, destination_error, write_json
 
 
@@ -112,7 +112,7 @@ def hyperp_reference_tokens(cfg: ModelConfig) -> int:
     20 unique layers plus r injections); for the paper preset this gives 1,016,083,200
     tokens (looped) and 983,315,200 (plain).
     """
-    p = get_preset(cfg.preset)
+    p = cfg.preset
     d = model_config(p, r=1, s=p.ref_s).d_model
     unrolled = p.effective_depth * block_params(d) + 3 * d
     if cfg.looped:
@@ -134,13 +134,13 @@ def tokens_for_budget(cfg: ModelConfig, budget: float, batch_tokens: int) -> int
 
 def summary(cfg: ModelConfig, budget: float | None = None, batch_tokens: int | None = None) -> dict:
     """Every accounting figure of one configuration, as the CLI and run records print it."""
-    out = {"preset": cfg.preset, "s": cfg.s, "r": cfg.r, "injection": cfg.injection,
+    out = {"preset": cfg.preset.name, "s": cfg.s, "r": cfg.r, "injection": cfg.injection,
            "lanes": cfg.lanes if cfg.injection == "hyperconnect" else None, "bptt_k": cfg.k_bwd,
            "d_model": cfg.d_model, "n_head": cfg.n_head, "seq_len": cfg.seq_len,
            "n": n_params(cfg), "n_once": n_once(cfg), "n_rec": n_rec(cfg),
            "flops_per_token": flops_per_token(cfg)}
     if budget is not None:
-        bt = batch_tokens or get_preset(cfg.preset).batch_tokens
+        bt = batch_tokens or cfg.preset.batch_tokens
         out.update(budget=budget, batch_tokens=bt, steps=steps_for_budget(cfg, budget, bt),
                    tokens=tokens_for_budget(cfg, budget, bt))
     return out

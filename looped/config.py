@@ -102,7 +102,7 @@ class ModelConfig:
     vocab_size: int = 32001
     vocab_pad: int = 64
     softcap: float = 15.0
-    preset: str = ""
+    preset: Preset | None = None  # its family, resolved (to_dict and the records write the name)
     s: float | None = None
 
     @property
@@ -123,7 +123,8 @@ class ModelConfig:
         return self.injection != "none"
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The fields as a run record writes them, the preset by its name ("" for none)."""
+        return {**asdict(self), "preset": self.preset.name if self.preset else ""}
 
     def validate(self) -> "ModelConfig":
         if self.injection not in INJECTIONS:
@@ -147,28 +148,25 @@ class ModelConfig:
         return self
 
 
-def width(preset: Preset | str, s: float) -> int:
+def width(p: Preset, s: float) -> int:
     """d_model for size s: width_per_s * s rounded up to a multiple of width_round."""
-    p = get_preset(preset)
     if s <= 0:
         raise ConfigError(f"size s must be positive, got {s}")
     return int(math.ceil(p.width_per_s * s / p.width_round) * p.width_round)
 
 
-def size_used(preset: Preset | str, s: float) -> float:
+def size_used(p: Preset, s: float) -> float:
     """The size whose width `width(preset, s)` is exactly (d_model / width_per_s): s itself unless
     the width was rounded; a run records it as `s_model` beside the s it was asked for."""
-    p = get_preset(preset)
     return width(p, s) / p.width_per_s
 
 
-def size_note(preset: Preset | str, s: float, narrowest: bool = False) -> str | None:
+def size_note(p: Preset, s: float, narrowest: bool = False) -> str | None:
     """None where size `s` gives its width exactly; else a sentence saying which width it gets
     (d = width_per_s * s rounded up to a multiple of width_round), for a warning: a run keeps s in
     its record and name, with the rounded model's d_model, `s_model` and this note.  A size below
     the preset's narrowest model (d = width_round; the tests' tiny s = 1) gets that model without
     a note (no warning), unless `narrowest` (the run record's note)."""
-    p = get_preset(preset)
     d = width(p, s)
     if d == p.width_per_s * s or d == p.width_round and not narrowest:
         return None
@@ -177,6 +175,9 @@ def size_note(preset: Preset | str, s: float, narrowest: bool = False) -> str | 
 
 
 def get_preset(preset: Preset | str) -> Preset:
+    """A preset by name (a Preset is returned as it is): the look-up made where a name comes in
+    (the command line, `registry.load_study`, `model_config` called with a name); configs and runs
+    carry the Preset itself."""
     if isinstance(preset, Preset):
         return preset
     if preset not in PRESETS:
@@ -203,7 +204,7 @@ def model_config(preset: Preset | str = "paper", r: int = 1, s: float = 10, inje
     cfg = ModelConfig(d_model=d, head_dim=min(p.head_dim, d), n_prelude=p.n_prelude,
                       n_loop_layers=p.loop_depth // r, n_coda=p.n_coda, r=r, injection=injection,
                       lanes=lanes, bptt_k=bptt_k, seq_len=p.seq_len, vocab_size=p.vocab_size,
-                      vocab_pad=p.vocab_pad, softcap=p.softcap, preset=p.name, s=s)
+                      vocab_pad=p.vocab_pad, softcap=p.softcap, preset=p, s=s)
     return replace(cfg, **overrides).validate()
 
 
@@ -224,12 +225,12 @@ def run_name(cfg: ModelConfig, budget: float | None = None, steps: int | None = 
         parts.append(cfg.injection + (f"{cfg.lanes}" if cfg.injection == "hyperconnect" else ""))
     if cfg.bptt_k is not None:
         parts.append(f"k{cfg.bptt_k}")
-    if lr_scale is not None and lr_scale != get_preset(cfg.preset).lr_scale:
+    if lr_scale is not None and lr_scale != cfg.preset.lr_scale:
         parts.append(f"lr{lr_scale:g}")
     if seed != DEFAULT_SEED:
         parts.append(f"seed{seed}")
     if data_order is not None:
         parts.append(f"order{data_order}")
-    if batch_tokens is not None and batch_tokens != get_preset(cfg.preset).batch_tokens:
+    if batch_tokens is not None and batch_tokens != cfg.preset.batch_tokens:
         parts.append(f"b{batch_tokens}")
     return "_".join(parts).replace("+", "")

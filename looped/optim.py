@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 from . import accounting
-from .config import ModelConfig, get_preset, width
+from .config import ModelConfig, width
 
 # Polar Express (arXiv:2505.16932), one (a, b, c) per iteration, as the authors' code uses.
 POLAR_EXPRESS_COEFFS = (
@@ -219,7 +219,7 @@ def learning_rates(cfg: ModelConfig, batch_tokens: int, tokens: int) -> dict[str
     """
     if batch_tokens <= 0 or tokens <= 0:
         raise ValueError("batch_tokens and tokens must be positive")
-    p = get_preset(cfg.preset)
+    p = cfg.preset
     batch = (batch_tokens / p.batch_tokens) ** BATCH_EXPONENT
     duration = (tokens / accounting.hyperp_reference_tokens(cfg)) ** TOKENS_EXPONENT
     wide = (cfg.d_model / width(p, p.ref_s)) ** WIDTH_EXPONENT

@@ -13,10 +13,10 @@ import argparse
 import math
 import sys
 import typing
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from .config import DEFAULT_SEED, ConfigError, get_preset, model_config, run_name, size_note
+from .config import DEFAULT_SEED, ConfigError, Preset, get_preset, model_config, run_name, size_note
 
 
 class TrainError(RuntimeError):
@@ -29,7 +29,7 @@ def option(default, help: str, cli: str | None = "train", flags: tuple[str, ...]
 
 @dataclass
 class TrainConfig:
-    preset: str = option("cpu", "model and data preset (cpu, prose, paper, tiny)")
+    preset: str | Preset = option("cpu", "model and data preset (cpu, prose, paper, tiny); held resolved")
     r: int = option(1, "recurrences per forward pass (under torchrun spell it --recurrences: torchrun "
                        "rejects --r as an ambiguous abbreviation of its own options)", flags=("--r", "--recurrences"))
     s: float = option(8, "size knob: the width d_model grows with s", flags=("--size", "-s"))
@@ -70,8 +70,9 @@ class TrainConfig:
 
     def __post_init__(self):
         """What can be checked before anything is built: every bad value is a ConfigError (one
-        line, exit 2 on the command line), never a default put in its place."""
-        get_preset(self.preset)
+        line, exit 2 on the command line), never a default put in its place.  A preset given by
+        name (the command line) is looked up here, once: the options hold the Preset itself."""
+        self.preset = get_preset(self.preset)
         by_name = {f.name: f for f in fields(self)}
         for name, low, strict in LIMITS:
             value = getattr(self, name)
@@ -89,11 +90,15 @@ class TrainConfig:
             if Path(self.data_dir).exists():
                 raise ConfigError(f"--data-dir {self.data_dir} is not a folder")
             raise ConfigError(f"--data-dir {self.data_dir} does not exist (a mistyped path would build a new "
-                              f"dataset there): create it, or `looped data prepare --preset {self.preset} "
+                              f"dataset there): create it, or `looped data prepare --preset {self.preset.name} "
                               f"--data-dir {self.data_dir}`")
         note = size_note(self.preset, self.s)
         if note:  # not silently: the record keeps s, with the d_model it trained
             print(f"looped: warning: {note}; the record keeps s {self.s:g} with that d_model", file=sys.stderr)
+
+    def to_dict(self) -> dict:
+        """The options as a run record writes them, the preset by its name."""
+        return {**asdict(self), "preset": self.preset.name}
 
     def model_config(self):
         return model_config(self.preset, r=self.r, s=self.s, injection=self.injection,

@@ -22,7 +22,6 @@ import resource
 import subprocess
 import sys
 import time
-from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -32,7 +31,7 @@ import torch.distributed as dist
 
 from . import __version__, accounting, memory, optim
 from .checkpoint import Cadence, load_checkpoint, save_checkpoint
-from .config import CHECKOUT, ConfigError, DataError, get_preset, size_note, size_used
+from .config import CHECKOUT, ConfigError, DataError, size_note, size_used
 from .data.dataset import Dataset
 from .dist import Dist, prepare_once
 from .io import atomic_write_json
@@ -200,7 +199,7 @@ def train(tc: TrainConfig) -> dict:
     """Train one configuration; returns (and, with `out`, writes) its run record."""
     memory.prefer_expandable_segments()  # in-process callers (notebooks) too, not only the CLIs
     cfg = tc.model_config()
-    preset = get_preset(tc.preset)
+    preset = tc.preset  # resolved by TrainConfig
     batch_tokens = tc.batch_tokens or preset.batch_tokens
     T = cfg.seq_len
     if batch_tokens % T:
@@ -394,7 +393,7 @@ def train(tc: TrainConfig) -> dict:
         "r": cfg.r, "s": tc.s, "s_model": size_used(cfg.preset, tc.s), "size_note": size_note(cfg.preset, tc.s, True),
         "injection": cfg.injection,
         "lanes": cfg.lanes if cfg.injection == "hyperconnect" else None,
-        "bptt_k": cfg.k_bwd, "budget": tc.budget, "preset": tc.preset,
+        "bptt_k": cfg.k_bwd, "budget": tc.budget, "preset": preset.name,
         "d_model": cfg.d_model, "n": accounting.n_params(cfg), "n_once": accounting.n_once(cfg),
         "n_rec": accounting.n_rec(cfg), "flops_per_token": flops_per_token,
         "batch_tokens": batch_tokens, "steps": steps, "tokens": steps * batch_tokens,
@@ -410,7 +409,7 @@ def train(tc: TrainConfig) -> dict:
         "lr_scale": lr_scale,
         "learning_rates": {g.get("name", str(i)): g["initial_lr"] for o in optimizers
                            for i, g in enumerate(o.param_groups)},
-        "config": cfg.to_dict(), "train": {k: v for k, v in asdict(tc).items() if k not in ("quiet",)},
+        "config": cfg.to_dict(), "train": {k: v for k, v in tc.to_dict().items() if k not in ("quiet",)},
         "versions": versions(), "git_commit": git_commit(),
         "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }

@@ -79,6 +79,10 @@ BAD = [
     ([*TRAIN, "--checkpoint-seconds", "nan"], "--checkpoint-seconds must be a finite number"),
     ([*TRAIN, "--peak-flops", "0"], "--peak-flops must be > 0"),
     (["train", "--preset", "tiny", "--steps", "0"], "--steps must be >= 1"),
+    # a preset is looked up by name where it comes in (TrainConfig, load_study): one line, exit 2
+    (["train", "--preset", "nosuch", "--steps", "2"], "unknown preset 'nosuch'"),
+    (["sweep", "g", "--preset", "nosuch", "--dry-run", "--grid", "FILES/grid_word.csv"], "unknown preset 'nosuch'"),
+    (["accounting", "--preset", "nosuch"], "unknown preset 'nosuch'"),
     ([*TRAIN, "--micro-batch", "0"], "--micro-batch must be >= 1, got 0"),        # was: the default, silently
     ([*TRAIN, "--micro-batch", "-1"], "do not split"),
     ([*TRAIN, "--data-dir", "OUT"], "does not exist"),                             # was: a dataset built there

@@ -112,7 +112,7 @@ def test_load_study_named_and_adhoc(study, grid_csv):
     assert {r.study for r in runs} == {study} and {r.study for r in adhoc} == {STUDY}
     assert [(r.r, r.injection, r.lanes, r.bptt_k) for r in runs] == [
         (1, "none", 2, None), (2, "linear", 2, None), (4, "linear", 2, 1), (2, "hyperconnect", 2, None)]
-    assert len({r.run_id for r in runs}) == len(runs) and all(r.preset == "tiny" for r in runs)
+    assert len({r.run_id for r in runs}) == len(runs) and all(r.preset.name == "tiny" for r in runs)
     with pytest.raises(registry.SweepError, match="unknown study"):
         registry.load_study("nope")
     with pytest.raises(registry.SweepError, match="no rows"):

@@ -294,11 +294,12 @@ def test_impossible_settings_are_config_errors(kw, match):
 
 
 def test_a_size_with_an_exact_width_records_itself():
-    from looped.config import size_note, size_used
-    assert size_used("tiny", 2) == 2 and size_note("tiny", 2, narrowest=True) is None
-    assert size_used("paper", 2.5) == 4 and "d_model 256" in size_note("paper", 2.5)
-    assert size_note("tiny", 1) is None  # no warning (one-line stderr stays one line), but the record's note:
-    assert "gives d_model 16" in size_note("tiny", 1, narrowest=True)
+    from looped.config import PRESETS, size_note, size_used
+    tiny, paper = PRESETS["tiny"], PRESETS["paper"]
+    assert size_used(tiny, 2) == 2 and size_note(tiny, 2, narrowest=True) is None
+    assert size_used(paper, 2.5) == 4 and "d_model 256" in size_note(paper, 2.5)
+    assert size_note(tiny, 1) is None  # no warning (one-line stderr stays one line), but the record's note:
+    assert "gives d_model 16" in size_note(tiny, 1, narrowest=True)
 
 
 def test_installed_package_records_no_commit_of_the_folder_it_runs_in(tmp_path):

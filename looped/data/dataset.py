@@ -106,8 +106,7 @@ def _corpus(preset: Preset) -> str:
     return {"paper": "fineweb-edu", "prose": "prose"}.get(preset.name, "shakespeare")
 
 
-def dataset_name(preset: Preset | str, corpus: str | None = None, tokenizer: str = "llama2") -> str:
-    p = get_preset(preset)
+def dataset_name(p: Preset, corpus: str | None = None, tokenizer: str = "llama2") -> str:
     corpus = corpus or _corpus(p)
     tok = f"bpe{p.vocab_size}" if corpus in ("shakespeare", "prose") else tokenizer
     return f"{corpus}-{tok}-T{p.seq_len}"

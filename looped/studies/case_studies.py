@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from .. import accounting as acc
-from ..config import get_preset, model_config
+from ..config import model_config
 from ..fit import REQUIRED, FitError, FitResult, fit, is_chinchilla, validate_runs
 from .registry import load_study
 from .study import Study
@@ -236,7 +236,7 @@ def token_gain(study: str = "paper-truncated"):
     for run in load_study(study):
         cfg = run.model_config()
         full = model_config(run.preset, r=run.r, s=run.s)
-        bt = get_preset(run.preset).batch_tokens
+        bt = run.preset.batch_tokens
         tv, tf = acc.tokens_for_budget(cfg, run.budget, bt), acc.tokens_for_budget(full, run.budget, bt)
         fv, ff = acc.flops_per_token(cfg), acc.flops_per_token(full)
         rows.append(dict(budget=run.budget, r=run.r, s=run.s, d_model=cfg.d_model, injection=cfg.injection,

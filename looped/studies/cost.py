@@ -134,8 +134,8 @@ def cpu_estimate(runs: list[Run], out: str | Path, peak_flops: float, mfu: float
         finished = read_records(out) if out.is_dir() else pd.DataFrame(columns=COLUMNS)
         where = repo_relative(out)
         if time_model(finished) is None and runs:
-            finished = fast_path_records(runs[0].preset)
-            where = f"the {runs[0].preset} preset's fast-path runs under runs/"
+            finished = fast_path_records(runs[0].preset.name)
+            where = f"the {runs[0].preset.name} preset's fast-path runs under runs/"
     timing = time_model(finished)
     table = plan(runs, peak_flops, mfu, timing)
     table["done"] = [run_state(out, rid) for rid in table.run_id]

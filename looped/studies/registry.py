@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..accounting import steps_for_budget
-from ..config import DEFAULT_SEED, get_preset, model_config, run_name, shipped
+from ..config import DEFAULT_SEED, Preset, get_preset, model_config, run_name, shipped
 from ..options import TrainConfig
 
 GRID_FILES = {"paper": shipped("runs/paper/grids.csv"), "cpu": shipped("runs/cpu_grids.csv"),
@@ -62,7 +62,7 @@ class SweepError(RuntimeError):
 @dataclass(frozen=True)
 class Run:
     study: str
-    preset: str
+    preset: Preset  # resolved by load_study
     budget: float
     r: int
     s: float
@@ -96,7 +96,7 @@ class Run:
 
     @property
     def tokens_per_step(self) -> int:
-        return self.batch_tokens or get_preset(self.preset).batch_tokens
+        return self.batch_tokens or self.preset.batch_tokens
 
     @property
     def run_id(self) -> str:
@@ -119,7 +119,7 @@ GRID_COLUMNS = ("study", "budget_flops", "r", "s", "injection", "bptt_k")
 def load_study(name: str, grid: str | Path | None = None, preset: str | None = None) -> list[Run]:
     """The runs of a named study, trained with its own preset; or, with `grid` (a CSV with
     GRID_COLUMNS), the rows of that file whose study column is `name`, trained with `preset`
-    (default cpu).  Every run carries the preset resolved here."""
+    (default cpu).  Every run carries the preset resolved here, the one look-up of its name."""
     if grid is None:
         if name not in STUDIES:
             raise SweepError(f"unknown study {name!r}; choose from {', '.join(STUDIES)}")
@@ -129,7 +129,7 @@ def load_study(name: str, grid: str | Path | None = None, preset: str | None = N
         grid, preset = GRID_FILES[key], own
     else:
         column_value, preset = name, preset or "cpu"
-        get_preset(preset)  # ConfigError for an unknown preset
+    preset = get_preset(preset)  # ConfigError for an unknown preset
     try:
         table = pd.read_csv(grid)
     except (OSError, ValueError) as e:

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import accounting
-from ..config import ConfigError, get_preset
+from ..config import ConfigError
 from ..io import atomic_write_json
 from ..law import as_law
 from ..memory import GPU_SPECS
@@ -50,14 +50,14 @@ def law_records(study: str, law=None, noise: float = 0.01, seed: int = 0, peak_f
             "schema": 1, "study": study, "run_id": run.run_id, "status": "ok", "synthetic": True,
             "r": cfg.r, "s": run.s, "injection": cfg.injection,
             "lanes": cfg.lanes if cfg.injection == "hyperconnect" else None, "bptt_k": cfg.k_bwd,
-            "budget": run.budget, "preset": run.preset, "d_model": cfg.d_model,
+            "budget": run.budget, "preset": run.preset.name, "d_model": cfg.d_model,
             "n": accounting.n_params(cfg), "n_once": n_once, "n_rec": n_rec, "flops_per_token": flops_per_token,
             "batch_tokens": batch, "steps": steps, "tokens": tokens, "loss": float(loss),
-            "eval_tokens": get_preset(run.preset).eval_tokens, "train_loss_curve": curve,
+            "eval_tokens": run.preset.eval_tokens, "train_loss_curve": curve,
             "wall_seconds": tokens / tokens_per_s, "tokens_per_s": tokens_per_s,
             "flops_per_s": tokens_per_s * flops_per_token, "mfu": mfu, "peak_flops": peak,
             "device": f"synthetic ({DEFAULT_GPU} at {mfu:.0%} MFU)", "seed": run.seed, "data_order": run.data_order,
-            "lr_scale": run.lr_scale if run.lr_scale is not None else get_preset(run.preset).lr_scale,
+            "lr_scale": run.lr_scale if run.lr_scale is not None else run.preset.lr_scale,
             "config": cfg.to_dict(),
         })
     return records

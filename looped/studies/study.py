@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from .. import accounting as acc
-from ..config import REPO, Preset, get_preset
+from ..config import REPO, Preset
 from ..fit import REQUIRED, load_runs
 from ..memory import GPU_SPECS
 from ..records import COLUMNS, read_records
@@ -42,7 +42,7 @@ class Study:
         if not self.runs and self.name in STUDIES:
             object.__setattr__(self, "runs", tuple(load_study(self.name)))
         if self.preset is None and self.runs:
-            object.__setattr__(self, "preset", get_preset(self.runs[0].preset))
+            object.__setattr__(self, "preset", self.runs[0].preset)
         folder = Path("runs") / self.name if self.folder is None else Path(self.folder)
         object.__setattr__(self, "folder", folder if folder.is_absolute() else REPO / folder)
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from .. import memory
-from ..config import REPO, ConfigError, DataError, get_preset
+from ..config import REPO, ConfigError, DataError
 from ..io import atomic_write_json
 from ..memory import GPU_SPECS
 from ..options import TrainConfig, add_options, given_options, option_argv
@@ -75,7 +75,8 @@ def sweep(study: str, out: str | Path, shard: tuple[int, int] = (0, 1), checkpoi
         except KeyboardInterrupt:
             raise
         except DataError as e:  # the dataset is every run's: stop once, record nothing
-            raise SweepError(f"{run.run_id}: no dataset for preset {run.preset}: {str(e).splitlines()[0]}") from None
+            reason = str(e).splitlines()[0]
+            raise SweepError(f"{run.run_id}: no dataset for preset {run.preset.name}: {reason}") from None
         except Exception as e:  # one broken run must not cost the sweep; say what broke
             from ..dist import Dist  # torch only when a run has failed
             if Dist().main:
@@ -132,7 +133,7 @@ def adopt_records(runs: list[Run], out: str | Path, sources) -> list[str]:
         if record_status(out / f"{run.run_id}.json") is not None:
             continue
         want = {"budget": run.budget, "batch_tokens": run.tokens_per_step, "seed": run.seed,
-                "lr_scale": run.lr_scale if run.lr_scale is not None else get_preset(run.preset).lr_scale}
+                "lr_scale": run.lr_scale if run.lr_scale is not None else run.preset.lr_scale}
         config = run.model_config().to_dict()
         for src in map(Path, sources):
             try:
@@ -330,7 +331,7 @@ def _estimate_error(a) -> str | None:
 def _write_slurm(a, runs: list[Run], out: Path, train_kw: dict) -> int:
     args = ["--out", str(out.resolve())]
     if a.grid:
-        args += ["--grid", str(Path(a.grid).resolve()), "--preset", runs[0].preset]
+        args += ["--grid", str(Path(a.grid).resolve()), "--preset", runs[0].preset.name]
     args += option_argv(train_kw)
     if a.budgets:
         args += ["--budgets", a.budgets]
@@ -361,7 +362,7 @@ def _dry_run(a, runs: list[Run], out: Path, i: int, n: int, micro_batch: int | N
     import torch
     mine = [r for k, r in enumerate(runs) if k % n == i]
     detected = detect_gpu()
-    gpu_mode = a.gpu is not None or detected is not None or any(r.preset == "paper" for r in mine)
+    gpu_mode = a.gpu is not None or detected is not None or any(r.preset.name == "paper" for r in mine)
     if gpu_mode:
         if a.gpu is not None:
             label, (peak, memory_bytes) = a.gpu, GPU_SPECS[a.gpu]
