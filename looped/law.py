@@ -16,7 +16,7 @@ import pandas as pd
 from scipy.optimize import brentq, minimize_scalar
 
 from . import accounting as acc
-from .config import R_VALUES, get_preset, model_config
+from .config import R_VALUES, model_config
 from .solver import LAW_PARAMS, RunArrays, log_law
 
 
@@ -319,8 +319,8 @@ def equal_loss_models(law, targets, preset: str = "paper", r_values=R_VALUES):
     training context); kv_per_token = 2 x effective depth x d cached values (every recurrence
     keeps its own keys and values).  The columns ending in ``_ratio`` divide by the r = 1 model
     of the same target."""
-    p = get_preset(preset)
-    vocab = model_config(preset, r=1, s=p.ref_s).padded_vocab
+    cfg = model_config(preset, r=1)     # the padded vocabulary does not depend on the width
+    p, vocab = cfg.preset, cfg.padded_vocab
     out = []
     for t in ([targets] if isinstance(targets, (int, float)) else targets):
         df = compute_optimal_for_loss(law, float(t), preset=preset, r=tuple(r_values))

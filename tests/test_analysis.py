@@ -7,8 +7,6 @@ import pandas as pd
 import pytest
 
 from looped.fit import FitResult
-from looped.report import prose
-from looped.solver import HI, LO
 from looped.studies import iso_flop, phi_fits
 
 
@@ -36,57 +34,7 @@ def _runs(phi=0.5, noise=0.0, seed=0, budgets=(1e17, 1e18, 1e19)):
     return df
 
 
-RESTRICTED = {0.0: _fit(0.0, r2=0.95), 1.0: _fit(1.0, r2=0.98)}
 
-
-def test_verdict_phi_inside_the_papers_interval():
-    text = prose.joint_fit_verdict(_fit(0.47, 0.42, 0.50), RESTRICTED, _runs())
-    assert "$\\varphi = 0.470$ (95% interval 0.420 to 0.500)" in text
-    assert "overlaps the paper's [0.41, 0.53]" in text and "it excludes 0 and 1" in text
-    # the paper's costs of the restrictions come from its tables
-    assert "changes $R^2$ by -0.0400 and -0.0100 (paper: -0.0114 and -0.0420)" in text
-    assert "edge of the search box" not in text and "(about 0.01)" in text
-    assert len(text.split()) <= 80
-
-
-def test_verdict_phi_outside_and_at_the_box_edge():
-    theta = tuple(float(v) for v in (LO + HI) / 2)
-    theta = theta[:4] + (float(LO[4]),) + theta[5:]                 # log E on the lower edge of the box
-    text = prose.joint_fit_verdict(_fit(0.96, 0.76, 1.14, theta=theta), RESTRICTED, _runs())
-    assert "lies entirely above the paper's [0.41, 0.53]" in text and "it excludes 0" in text
-    assert "E ended on the edge of the search box: a bound, not a measurement" in text
-    below = prose.joint_fit_verdict(_fit(0.1, -0.2, 0.3), RESTRICTED, _runs())
-    assert "lies entirely below" in below and "it excludes 1" in below
-    wide = prose.joint_fit_verdict(_fit(0.5, -0.2, 1.1), RESTRICTED, _runs())
-    assert "overlaps" in wide and "it excludes neither 0 nor 1" in wide
-    assert all(len(t.split()) <= 80 for t in (text, below, wide))
-
-
-def test_verdict_sizes_the_residuals_against_the_papers():
-    joint = _fit(0.6, 0.5, 0.7, r2=0.97)
-    assert "are smaller than the paper's" in prose.joint_fit_verdict(joint, RESTRICTED, _runs())
-    assert "are much larger than the paper's" in prose.joint_fit_verdict(joint, RESTRICTED, _runs(noise=0.05))
-    assert "are about as large as the paper's" in prose.joint_fit_verdict(joint, RESTRICTED, _runs(noise=0.01))
-
-
-def test_law_form_reading_per_r_gaps_and_halves():
-    gaps = pd.DataFrame({"mean_gap": [0.01, 0.02]}, index=[2, 4])
-    paper_gaps = pd.DataFrame({"mean_gap": [0.03, 0.05]}, index=[2, 4])
-    halves = {"lower": ([1e17, 1e18], _fit(1.05, r2=0.90)), "upper": ([1e18, 1e19], _fit(0.92, r2=0.99))}
-    text = prose.law_form_reading(_fit(0.9), per_r={1: _fit(None, r2=0.97), 2: _fit(None, r2=0.99)}, gaps=gaps,
-                                  paper_gaps=paper_gaps, halves=halves)
-    assert "weak point" in text and "$R^2$ 0.970 to 0.990 (paper: 0.998)" in text
-    assert "+0.010 at $r = 2$, +0.020 at $r = 4$ nats" in text and "costs our models less than" in text
-    assert "(lower, $R^2$ 0.900) and 0.920 (upper, $R^2$ 0.990), a change of -0.130 against +0.05" in text
-    assert "much better" in text
-    good = prose.law_form_reading(_fit(0.6, r2=0.97), per_r={1: _fit(None, r2=0.996), 2: _fit(None, r2=0.995)})
-    assert "fits well" in good and "weak point" not in good
-    tied = prose.law_form_reading(_fit(0.6, r2=0.994), per_r={1: _fit(None, r2=0.995)})
-    assert "hardly better than the joint law" in tied
-
-
-def test_verdict_without_a_fit():
-    assert prose.joint_fit_verdict(None, {}, _runs()).startswith("No fit of our CPU study is shown yet")
 
 
 def test_phi_estimates_pairs_the_papers_rows_with_ours():
@@ -148,10 +96,3 @@ def test_same_width_gaps_split_into_slope_times_log_ratio():
     summary = iso_flop.same_width_gaps(runs)
     np.testing.assert_allclose(summary.mean_gap, table.mean())
 
-
-def test_gaps_reading_says_which_way_the_gaps_move():
-    paper = _runs(0.5).assign(s=lambda df: np.log2(df.budget / df.tokens).round())
-    ours = paper.assign(loss=paper.loss + 0.02 * np.log10(paper.budget / 1e17) * (paper.r == 4))
-    text = prose.gaps_reading(ours, paper, _fit(0.5), _fit(0.5).law)
-    assert "r = 4 gap" in text and "$" not in text and "(it grows)" in text and "(it changes little)" in text
-    assert "nan" not in text

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-import pandas as pd
 import pytest
 
 from looped.io import atomic_write_json
-from looped.report import formatting, prose, tables
+from looped.report import formatting, tables
 from looped.studies import cost, pilot, registry
 from looped.studies.iso_flop import main_design
 from looped.studies.study import Study
@@ -180,44 +178,6 @@ def test_scale_comparison_reads_both_grids_and_presets():
     assert table.loc["unique non-embedding parameters", "ours"].endswith("k")   # engineering notation, no 1e+05
     assert table.loc["training budget (FLOPs)", "paper / ours"] == pytest.approx(
         (4.64e17 * 2.15e19) ** 0.5 / (budgets[0] * budgets[1]) ** 0.5, rel=1e-3)
-
-
-def test_targets_summary_names_every_miss_with_its_value():
-    targets = pd.DataFrame([{"target": "joint fit R² (raw nats)", "aim": "≥ 0.99", "measured": "0.9715", "met": False},
-                            {"target": "residual RMSE (nats)", "aim": "≤ 0.03", "measured": "0.0287", "met": True}])
-    assert prose.targets_summary(targets) == ("The study meets 1 of the 2 targets; it misses joint fit R² (raw nats) "
-                                               "(0.9715, aim ≥ 0.99).")
-    assert prose.targets_summary(targets.assign(met=True)) == "The study meets 2 of the 2 targets."
-
-
-def test_beside_the_paper_reads_overlap_and_the_box_edge():
-    from looped.fit import FitResult
-
-    def joint(phi, lo, hi):
-        return FitResult(A=1, alpha=0.3, B=1, beta=0.3, E=1, phi=phi, r2=0.99, huber=0, n_runs=10, restarts=1,
-                         ci={"phi": (lo, hi)})
-
-    assert prose.beside_the_paper(joint(0.66, 0.60, 0.75)).endswith(
-        "the interval lies entirely above the paper's [0.41, 0.53], by 0.070 at the closest ends."
-    )
-    assert prose.beside_the_paper(joint(0.30, 0.20, 0.35)).endswith("by 0.060 at the closest ends.")
-    assert "the interval overlaps the paper's [0.41, 0.53]." in prose.beside_the_paper(joint(0.5, 0.45, 0.6))
-    edge = prose.beside_the_paper(joint(0.66, -3.0, 0.83))
-    assert "the interval overlaps the paper's" in edge and "edge of the fit's search box (φ = -3):" in edge
-    boot = joint(0.66, -3.0, 0.83)
-    boot.boot_samples = np.array([[0, 0, 0, 0, 0, v] for v in (-3.0, -3.0, 0.5, 0.7)])
-    assert "(φ = -3) (2 of 4 resamples end there):" in prose.beside_the_paper(boot)
-    assert prose.beside_the_paper(None).startswith("There is no bootstrapped fit")
-
-
-def test_lr_explains_weighs_the_rate_gap_against_the_misfit():
-    table = pd.DataFrame([{"r": 2, "best_multiplier": 2.0, "gap_at_preset": 0.004, "preset_multiplier": 1.4}])
-    text = prose.lr_explains(table, 2, 0.03)
-    assert "multiplier (1.4) 0.004 nats above the best of those tried (2)" in text and text.endswith(
-        "cannot account for it."
-    )
-    assert prose.lr_explains(table.assign(gap_at_preset=0.02), 2, 0.03).endswith("may account for part of it.")
-    assert "has no runs at r = 8" in prose.lr_explains(table, 8, 0.03)
 
 
 def test_leave_one_r_out_finds_the_architecture_that_misfits():

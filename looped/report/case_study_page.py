@@ -23,7 +23,7 @@ from ..studies.paper import paper_table
 from ..studies.study import Study
 from .checks import CASE_STUDY_CHANGE, CASE_STUDY_FIT, checked
 from .formatting import power_of_ten
-from .palette import _SYMBOLS, LEGEND_FONTSIZE, OURS_COLOR, r_color
+from .palette import LEGEND_FONTSIZE, OURS_COLOR, SYMBOLS, r_color
 from .tables import Table
 
 NAN = float("nan")
@@ -107,7 +107,7 @@ def edge_notes(cs: CaseStudy) -> list:
             v = getattr(res, p)
             where = ("at the lower edge of the fitting box, e⁻³ ≈ 0.050 nats" if p == "E"
                      else f"at {v:.3f}, on the edge of the fitting box")
-            notes.append(f"the {label} fit puts {_SYMBOLS.get(p, p)} {where}: a bound, not an estimate")
+            notes.append(f"the {label} fit puts {SYMBOLS.get(p, p)} {where}: a bound, not an estimate")
         i = LAW_PARAMS.index("phi")
         lo, hi = res.ci.get("phi", (NAN, NAN))
         for end, v, box in (("lower", lo, LO[i]), ("upper", hi, HI[i])):

@@ -27,12 +27,12 @@ from .fit_figures import (  # noqa: F401
 )
 from .formatting import power_of_ten
 from .palette import (  # noqa: F401
-    _SYMBOLS,
     BUDGET_MARKERS,
     LEGEND_FONTSIZE,
     OURS_COLOR,
     PAPER_COLOR,
     R_COLORS,
+    SYMBOLS,
     budget_color,
     budget_colors,
     budget_marker,

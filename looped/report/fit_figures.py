@@ -14,7 +14,7 @@ from ..solver import HI, LAW_PARAMS, LO
 from ..studies.paper import PAPER_PHI, PAPER_PHI_CI
 from ..studies.phi_fits import rmse_at_phi
 from .formatting import power_of_ten
-from .palette import _SYMBOLS, LEGEND_FONTSIZE, OURS_COLOR, PAPER_COLOR, budget_markers, plain_log_axis, r_color
+from .palette import LEGEND_FONTSIZE, OURS_COLOR, PAPER_COLOR, SYMBOLS, budget_markers, plain_log_axis, r_color
 
 
 def _scatter_by_r_and_budget(ax, runs, x, y, marks):
@@ -91,7 +91,7 @@ def plot_bootstrap(ax, res, param: str = "phi", paper=None, label: str = "ours")
         v, plo, phi_ = paper
         ax.axvspan(plo, phi_, color=PAPER_COLOR, alpha=0.15, label=f"paper 95% interval [{plo}, {phi_}]")
         ax.axvline(v, color=PAPER_COLOR, lw=2, ls="--", label=f"paper {v}")
-    ax.set_xlabel(f"bootstrap estimate of {_SYMBOLS.get(param, param)}")
+    ax.set_xlabel(f"bootstrap estimate of {SYMBOLS.get(param, param)}")
     ax.set_ylabel("resamples")
     ax.legend(fontsize=LEGEND_FONTSIZE)
     return ax
@@ -332,7 +332,7 @@ def plot_phi_forest(entries, ax=None, reference: float = PAPER_PHI, reference_ci
     ax.set_yticks([-i for i in range(len(labels))], labels)
     ax.set_ylim(-len(labels) + 0.5, 0.5)
     ax.set_xlim(left, right)
-    ax.set_xlabel(f"fitted {_SYMBOLS['phi']} (r passes of the shared block count as $r^{_SYMBOLS['phi']}$ copies)")
+    ax.set_xlabel(f"fitted {SYMBOLS['phi']} (r passes of the shared block count as $r^{SYMBOLS['phi']}$ copies)")
     ax.grid(alpha=0.3, axis="x")
     ax.yaxis.grid(False)
     ax.legend(fontsize=LEGEND_FONTSIZE, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)

@@ -14,8 +14,8 @@
   grey.
 
 The axis style shared by `looped.report.figures` and `looped.report.fit_figures` lives here too.
-Matplotlib is imported inside the functions that need it: `looped.report.prose` reads the
-palette's symbols without plotting.  Imported inside a Jupyter kernel (a chapter), the module
+Matplotlib is imported inside the functions that need it, so reading a colour or a symbol
+plots nothing.  Imported inside a Jupyter kernel (a chapter), the module
 also switches the kernel's inline figures to PNG at twice the resolution (`hidpi_inline_figures`),
 so the book's figures stay sharp on high-density screens.
 """
@@ -45,7 +45,7 @@ OURS_COLOR, PAPER_COLOR = "#000000", "#e69f00"
 LEGEND_FONTSIZE = 9       # the smallest text in a figure; panels are sized so this stays readable
 
 
-_SYMBOLS = {"phi": "φ", "alpha": "α", "beta": "β"}
+SYMBOLS = {"phi": "φ", "alpha": "α", "beta": "β"}
 
 
 def r_color(r) -> str:

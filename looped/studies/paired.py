@@ -5,8 +5,9 @@ same (budget, r, s, seed, data_order).  The law L = E + A (N_once + r^phi N_rec)
 is fitted once to the main arm; only the variant's change is free: dphi (variant uses
 r^(phi+dphi)), optionally with an r-independent log-loss offset c.  Both are fitted by the core
 solver with the paper's objective (a dphi column and offset columns of `RunArrays.design`) to the
-paired log-loss differences, so the law's misfit that both arms share at (budget, r, s) cancels.  Intervals come from a bootstrap
-that refits the main law on block resamples of its (budget, r) cells and resamples the pairs.
+paired log-loss differences, so the law's misfit that both arms share at (budget, r, s) cancels.
+Intervals come from a bootstrap that refits the main law on block resamples of its (budget, r)
+cells and resamples the pairs.
 `paper_protocol` is the paper's estimator.  `looped.studies.paired_study` runs all three on our
 runs, checks them by simulation and writes the results (`looped paired`).
 """
