@@ -420,8 +420,8 @@ def main(argv=None) -> int:
                 n_va = sum(map(len, tok.encode_batch(val)))
                 print(f"vocab {v}: train {n_tr:,} tokens ({sum(map(len, train)) / n_tr:.3f} chars/token), "
                       f"val {n_va:,} tokens ({sum(map(len, val)) / n_va:.3f} chars/token)  [{time.time() - t0:.0f}s]")
-    except SourceError as e:
-        print(f"looped corpus: error: {e}", file=sys.stderr)
+    except SourceError as e:   # a missing or mismatched source: one line, no traceback
+        print(f"python -m looped.data.corpus: error: {e}", file=sys.stderr)
         return 2
     return 0
 

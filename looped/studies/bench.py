@@ -24,6 +24,16 @@ from .paper import PAPER_LAW, synthetic_runs
 PATHS = ("eager", "fast")
 
 
+def _ready(a, prog: str) -> bool:
+    """Shared start of the bench commands: a writable --json destination, then torch's threads."""
+    if destination_error(a.json, "--json"):
+        print(f"{prog}: error: {destination_error(a.json, '--json')}", file=sys.stderr)
+        return False
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    return True
+
+
 def measure_train(preset: str = "cpu", sizes=(6, 32, 64), r_values=(1, 4), steps: int = 5,
                   peak_size: int | None = None, paths=PATHS, warmup: int = 2, micro_batch: int | None = None,
                   peak_flops: float | None = None):
@@ -176,11 +186,8 @@ def bench_train(argv) -> int:
     ap.add_argument("--micro-batch", type=int, default=None, help="rows per forward pass (default: the whole batch)")
     add_json_option(ap, "the rows and the peak")
     a = ap.parse_args(argv)
-    if destination_error(a.json, "--json"):
-        print(f"looped bench train: error: {destination_error(a.json, '--json')}", file=sys.stderr)
+    if not _ready(a, "looped bench train"):
         return 2
-    if a.threads:
-        torch.set_num_threads(a.threads)
     a.peak_size = a.peak_size or (8192 if torch.cuda.is_available() else 1024)
     try:
         rows, peak = measure_train(a.preset, [float(s) for s in a.sizes.split(",")],
@@ -234,11 +241,8 @@ def bench_profile(argv) -> int:
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     add_json_option(ap, "the shares and the operator table")
     a = ap.parse_args(argv)
-    if destination_error(a.json, "--json"):
-        print(f"looped bench profile: error: {destination_error(a.json, '--json')}", file=sys.stderr)
+    if not _ready(a, "looped bench profile"):
         return 2
-    if a.threads:
-        torch.set_num_threads(a.threads)
     try:
         out = profile_step(a.preset, a.s, a.r, a.path == "fast", a.steps)
     except (ConfigError, ValueError) as e:
