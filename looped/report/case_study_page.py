@@ -140,14 +140,15 @@ def budget_facts(cs: CaseStudy, main_runs) -> dict:
             "baseline_runs": len(cs.baseline_runs)}
 
 
-def fits_table(studies, chapter: str, active: bool = True) -> tuple[Table, pd.DataFrame]:
+def fits_table(studies, check: str, change_check: str, active: bool = True) -> tuple[Table, pd.DataFrame]:
     """The refits of one or more case studies beside the paper's Table 3, and the change in phi
     of each with its paired bootstrap interval, in one table (and its frame).
 
     ``studies``: one (CaseStudy, change label, baseline label, (paper baseline fit, paper variant
     fit)) per case study; the change label names its change in the checks (None for a single
     one), a paper fit name may be None (no such fit in the paper).  The fitted numbers are
-    checked against the references of ``chapter`` ('<chapter>/fits' and '<chapter>/change')."""
+    checked against the recorded references ``check`` (the fits) and ``change_check`` (the
+    changes in phi), both 'chapter/cell'."""
     paper = paper_fits()
     rows, measured, tolerances, changes, change_tol, notes = [], {}, {}, {}, {}, []
     for cs, change_label, base_label, keys in studies:
@@ -174,9 +175,9 @@ def fits_table(studies, chapter: str, active: bool = True) -> tuple[Table, pd.Da
                   "the Δφ rows: the change in φ with its paired bootstrap 95% interval",
                   headers={"phi_lo": "φ 2.5%", "phi_hi": "φ 97.5%", "paper_phi": "paper φ", "paper_r2": "paper R²"},
                   formats={"paper_phi": dash("{:.3f}"), "runs": dash("{:.0f}"), "paper_r2": dash("{:.4f}")},
-                  check=f"{chapter}/fits", tolerances=tolerances, measured=measured,
+                  check=check, tolerances=tolerances, measured=measured,
                   exact=["fit", "runs", "paper_phi", "paper_r2"],
-                  active=active, notes=[checked(f"{chapter}/change", changes, change_tol, active=active), *notes])
+                  active=active, notes=[checked(change_check, changes, change_tol, active=active), *notes])
     return table, frame
 
 

@@ -30,6 +30,7 @@ def _ready(a, prog: str) -> bool:
         print(f"{prog}: error: {destination_error(a.json, '--json')}", file=sys.stderr)
         return False
     if a.threads:
+        import torch
         torch.set_num_threads(a.threads)
     return True
 
@@ -230,7 +231,6 @@ def _print_train(rows, peak, kind, a) -> dict:
 
 def bench_profile(argv) -> int:
     """`looped bench profile`: the share of a training step each part takes (see profile_step)."""
-    import torch
 
     ap = argparse.ArgumentParser(prog="looped bench profile")
     ap.add_argument("--preset", default="prose", help="model preset (default: prose)")
