@@ -4,7 +4,6 @@ the paper's joint fit plus 0.01-nat noise, the real accounting of every run)."""
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
