@@ -85,7 +85,9 @@ analysis: venv  ## rerun `looped robustness` and `looped paired`, then regenerat
 	$(PY) -m looped paired --out runs/analysis/paired.json
 	$(PY) tools/notebooks.py 03_fit 05_truncation 06_hyperconnections 07_what_phi_buys 04_phi_constant appendix_external
 
-test: test-unit test-nbval
+# the unit tests and nbval side by side, one per core; each one's output is printed when it ends
+test: venv
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-unit test-nbval
 
 test-unit: venv
 	$(PY) -m pytest
