@@ -96,3 +96,13 @@ def test_same_width_gaps_split_into_slope_times_log_ratio():
     summary = iso_flop.same_width_gaps(runs)
     np.testing.assert_allclose(summary.mean_gap, table.mean())
 
+
+
+def test_gap_split_multiplies_to_about_the_gap():
+    """On runs that follow a law exactly, log N_eff ratio x the size term's slope ~ the mean gap."""
+    runs = _runs(0.5).assign(s=lambda df: np.log2(df.budget / df.tokens).round())
+    law = _fit(0.5).law
+    ratio, slope = iso_flop.gap_split(runs, law, 4)
+    gap = iso_flop.same_width_gaps(runs).mean_gap[4]
+    assert ratio > 0 and slope > 0
+    assert ratio * slope == pytest.approx(gap, rel=0.15)

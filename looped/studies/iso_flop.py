@@ -143,6 +143,16 @@ def same_width_pairs(runs, law=None):
     return m[["budget", "s", "r", "gap"] + (["log_ratio", "n_eff"] if law is not None else [])]
 
 
+def gap_split(runs, law, r: int) -> tuple[float, float]:
+    """Why a same-width gap at ``r`` has the size it has: a gap is about the size term's fall per
+    e-fold of N_eff (`Law.size_slope` at the pairs' geometric-mean N_eff) times the log of the
+    plain model's N_eff over the looped one's.  Returns (mean log ratio, slope); their product
+    approximates the mean gap.  ``law``: a Law."""
+    pairs = same_width_pairs(runs, law)
+    at_r = pairs[pairs["r"] == r]
+    return float(at_r["log_ratio"].mean()), float(law.size_slope(np.exp(np.log(at_r["n_eff"]).mean())))
+
+
 def gaps_by_budget(runs) -> "pd.DataFrame":
     """Mean same-width gap (`same_width_pairs`) per budget (rows) and r (columns)."""
     table = same_width_pairs(runs).groupby(["budget", "r"])["gap"].mean().unstack("r")
