@@ -31,6 +31,13 @@ def test_html_table_groups_ours_and_paper():
     assert "e+" not in html and ">0<" not in html      # no exponent, no 0..n-1 index
 
 
+def test_a_bare_column_beside_its_papers_is_labelled_ours():
+    """`phi` next to `phi_paper` sits under "φ: ours | paper"; a column without a sibling keeps an empty label."""
+    df = pd.DataFrame({"r": [1], "phi": [0.64], "phi_lo": [0.55], "phi_paper": [0.46], "n_runs": [19]})
+    cols = list(tables.group_pairs(df, ("lo", "paper")).columns)
+    assert cols == [("r", ""), ("phi", "ours"), ("phi", "lo"), ("phi", "paper"), ("n_runs", "")]
+
+
 def test_one_colour_per_r_and_per_budget():
     assert set(R_VALUES) <= set(figures.R_COLORS) and len(set(figures.R_COLORS.values())) == len(figures.R_COLORS)
     all_cpu = figures.budget_colors([2.5e12, 5e12, 1e13, 2.5e13])     # cpu-main and its case studies' budgets

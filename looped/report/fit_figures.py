@@ -31,29 +31,32 @@ def _scatter_by_r_and_budget(ax, runs, x, y, marks):
         ax.scatter([], [], color="0.4", marker=m, label=f"C = {power_of_ten(b)} FLOPs")
 
 
-def plot_residuals(ax, res, runs, title: str | None = None):
-    """Residuals of a fitted law against unique non-embedding parameters N (log axis): colour is
-    r, marker is the training budget; the grey band is +-1 RMSE of all runs."""
+def plot_residuals(ax, res, runs, title: str | None = None, against: str = "N", legend: bool = True):
+    """Residuals of a fitted law against unique non-embedding parameters N, or against the
+    training tokens D (``against="D"``), on a log axis: colour is r, marker is the training
+    budget; the grey band is +-1 RMSE of all runs.  ``legend=False`` leaves the legend to the caller
+    (the handles stay on ``ax``)."""
 
     resid = residuals(res, runs)
-    n = (runs["n_once"] + runs["n_rec"]).to_numpy(float)
+    x = {"N": (runs["n_once"] + runs["n_rec"]).to_numpy(float), "D": runs["tokens"].to_numpy(float)}[against]
     marks = budget_markers(runs["budget"])
     rmse = float(np.sqrt(np.mean(resid ** 2)))
-    ax.axhspan(-rmse, rmse, color="0.85", alpha=0.6, lw=0, label=f"+-RMSE ({rmse:.3f} nats)")
+    ax.axhspan(-rmse, rmse, color="0.85", alpha=0.6, lw=0, label=f"±RMSE ({rmse:.3f} nats)")
     ax.axhline(0, color="0.3", lw=0.8)
-    _scatter_by_r_and_budget(ax, runs, n, resid, marks)
+    _scatter_by_r_and_budget(ax, runs, x, resid, marks)
     ax.set_xscale("log")
-    ax.set_xlabel("unique non-embedding parameters N")
-    ax.set_ylabel("observed - predicted loss (nats)")
-    ax.legend(fontsize=LEGEND_FONTSIZE, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.16))
+    ax.set_xlabel({"N": "unique non-embedding parameters N", "D": "training tokens D"}[against])
+    ax.set_ylabel("observed − predicted loss (nats)")
+    if legend:
+        ax.legend(fontsize=LEGEND_FONTSIZE, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.16))
     if title:
         ax.set_title(title, fontsize=10)
     return ax
 
 
-def plot_predicted_vs_observed(ax, res, runs, title: str | None = None):
+def plot_predicted_vs_observed(ax, res, runs, title: str | None = None, legend: bool = True):
     """Observed final loss against the fitted law's prediction for every run (colour r, marker
-    budget), with the identity line."""
+    budget), with the identity line; ``legend=False`` leaves the legend to the caller."""
     pred = predict(res, runs["n_once"], runs["n_rec"], runs["r"], runs["tokens"])
     obs = runs["loss"].to_numpy(float)
     marks = budget_markers(runs["budget"])
@@ -66,7 +69,8 @@ def plot_predicted_vs_observed(ax, res, runs, title: str | None = None):
     ax.set_aspect("equal")
     ax.set_xlabel("predicted loss (nats/token)")
     ax.set_ylabel("observed validation loss (nats/token)")
-    ax.legend(fontsize=LEGEND_FONTSIZE, loc="lower right")   # below the diagonal: no points there
+    if legend:
+        ax.legend(fontsize=LEGEND_FONTSIZE, loc="lower right")   # below the diagonal: no points there
     if title:
         ax.set_title(title, fontsize=10)
     return ax
@@ -93,7 +97,8 @@ def plot_bootstrap(ax, res, param: str = "phi", paper=None, label: str = "ours")
         ax.axvline(v, color=PAPER_COLOR, lw=2, ls="--", label=f"paper {v}")
     ax.set_xlabel(f"bootstrap estimate of {SYMBOLS.get(param, param)}")
     ax.set_ylabel("resamples")
-    ax.legend(fontsize=LEGEND_FONTSIZE)
+    # beside the axes, not on the histogram's peak
+    ax.legend(fontsize=LEGEND_FONTSIZE, loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False)
     return ax
 
 
@@ -213,7 +218,8 @@ def plot_effective_size_vs_phi(ax=None, preset: str = "paper", s: float = 32, r_
 def plot_compute_optimal(axes, frontier, minima=None, paper_gaps=None, budget_range=None):
     """Four panels on `axes` (2 x 2): N*(C), D*(C), L*(C) and the loss gap to r = 1, the law's
     continuous frontier as lines (one per r), the published per-cell minima as markers,
-    the paper's reported gap ranges as bands, and the paper's budget range shaded."""
+    the paper's reported gap ranges as bands, and the paper's budget range shaded; one key for
+    all four below them (``loc="outside lower center"``: make the figure with layout="constrained")."""
     fr = frontier_gaps(frontier)
     axes = list(getattr(axes, "flat", axes))
     cols = [("n_star", "unique non-embedding params N*"), ("tokens_star", "training tokens D*"),
@@ -235,15 +241,22 @@ def plot_compute_optimal(axes, frontier, minima=None, paper_gaps=None, budget_ra
             lo_c, hi_c = budget_range if budget_range is not None else (fr.budget.min(), fr.budget.max())
             for r, (lo, hi) in paper_gaps.items():
                 ax.fill_between([lo_c, hi_c], lo, hi, color=r_color(r), alpha=0.15, lw=0)
-            ax.fill_between([], [], [], color="0.5", alpha=0.3, label="paper's reported ranges")
         ax.set_xscale("log")
         if col in ("n_star", "tokens_star"):
             ax.set_yscale("log")
         ax.set_xlabel("training compute C (FLOPs)")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3, which="both")
-    axes[0].legend(fontsize=LEGEND_FONTSIZE, ncol=2, loc="upper left")
-    axes[3].legend(fontsize=LEGEND_FONTSIZE, loc="upper right")
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+    keys = [Line2D([], [], color=r_color(r), lw=1.8, label=f"r = {r}") for r in sorted(fr.r.unique())]
+    keys += [Line2D([], [], color="0.4", lw=1.8, label="the law's frontier")]
+    keys += [k for k, shown in ((Line2D([], [], color="0.4", marker="o", ls="", mfc="white", mew=1.4,
+                                        label="the paper's minima"), minima is not None),
+                                (Patch(color="0.5", alpha=0.3, lw=0, label="the paper's reported gaps"), paper_gaps),
+                                (Patch(fc="0.92", ec="0.75", label="the paper's budget range"),
+                                 budget_range is not None)) if shown]   # one key for the four panels, below them (with a constrained layout)
+    axes[0].figure.legend(handles=keys, loc="outside lower center", ncol=4, fontsize=LEGEND_FONTSIZE, frameon=False)
     return axes
 
 
@@ -270,8 +283,9 @@ def plot_phi_profile(ax, profiles: dict, marks: dict | None = None):
 def plot_phi_forest(entries, ax=None, reference: float = PAPER_PHI, reference_ci=PAPER_PHI_CI):
     """Forest plot of estimates of phi: one row per estimate, a point with its 95% interval as a
     horizontal bar (a point alone where there is none), the paper's (orange squares) just above
-    ours (black circles) in the band of each fit, a vertical line and band at the paper's joint
-    estimate and interval, and thin lines at phi = 0 and 1.
+    ours (black circles) in the band of each fit (centred when only one source is given), a
+    vertical line and band at the paper's joint estimate and interval, and thin lines at phi = 0
+    and 1.
 
     ``entries``: a DataFrame or a list of (label, source, phi, lo, hi) rows, source 'paper' or
     'ours' (`looped.studies.phi_fits.phi_estimates`); fits keep the order of their first row.  A NaN phi
@@ -305,7 +319,8 @@ def plot_phi_forest(entries, ax=None, reference: float = PAPER_PHI, reference_ci
     for v in (0.0, 1.0):
         ax.axvline(v, color="0.55", lw=0.7, ls=":")
     box = (LO[LAW_PARAMS.index("phi")], HI[LAW_PARAMS.index("phi")])
-    style = {"paper": (PAPER_COLOR, "s", 0.17), "ours": (OURS_COLOR, "o", -0.17)}
+    shift = 0.17 if df["source"].nunique() > 1 else 0.0   # two sources share a row: the paper's above
+    style = {"paper": (PAPER_COLOR, "s", shift), "ours": (OURS_COLOR, "o", -shift)}
     for i, label in enumerate(labels):
         y0 = -i
         if i % 2 == 0:
@@ -327,8 +342,9 @@ def plot_phi_forest(entries, ax=None, reference: float = PAPER_PHI, reference_ci
                                     textcoords="offset points", ha=ha, va="bottom", fontsize=LEGEND_FONTSIZE,
                                     color=color)
             ax.plot(row.phi, y, marker=marker, color=color, ms=6.5, mec="white", mew=0.6, ls="", zorder=3)
-    ax.plot([], [], color=PAPER_COLOR, marker="s", lw=1.8, label="paper (95% interval where published)")
-    ax.plot([], [], color=OURS_COLOR, marker="o", lw=1.8, label="ours, 95% block-bootstrap interval")
+    for src, key in (("paper", "paper (95% interval where published)"), ("ours", "ours, 95% block-bootstrap interval")):
+        if (df["source"] == src).any():   # a key only for the sources drawn
+            ax.plot([], [], color=style[src][0], marker=style[src][1], lw=1.8, label=key)
     ax.set_yticks([-i for i in range(len(labels))], labels)
     ax.set_ylim(-len(labels) + 0.5, 0.5)
     ax.set_xlim(left, right)

@@ -198,14 +198,18 @@ HEADERS = {  # readable names of the column names used across the package
 
 def group_pairs(df, suffixes=("ours", "paper")):
     """Columns named ``<quantity>_<suffix>`` (e.g. ``params_M_ours``, ``params_M_paper``) under a
-    two-level header: the quantity on top, ``ours | paper`` below; other columns keep their name
-    on top and an empty second level."""
+    two-level header: the quantity on top, ``ours | paper`` below.  A bare column with a suffixed
+    sibling (``phi`` beside ``phi_paper``) is ours and says so; other columns keep their name on top
+    and an empty second level."""
+    names = [str(c) for c in df.columns]
     cols = []
-    for c in df.columns:
-        top, sub = str(c), ""
+    for c in names:
+        top, sub = c, ""
         for suf in suffixes:
-            if str(c).endswith("_" + suf):
-                top, sub = str(c)[: -len(suf) - 1], suf
+            if c.endswith("_" + suf):
+                top, sub = c[: -len(suf) - 1], suf
+        if not sub and any(f"{c}_{suf}" in names for suf in suffixes):
+            sub = "ours"
         cols.append((top, sub))
     out = df.copy()
     out.columns = pd.MultiIndex.from_tuples(cols)
