@@ -12,12 +12,13 @@ with an exponent ('1e+13') in the prose.  On every page it fails on TeX that rea
 unrendered (`tex_leaks`): a `$...$` span or a TeX command such as `\\mathrm` or `\\varphi` in
 the visible text, outside math, code and signatures, and, except on the API pages (whose
 docstrings write plain-text formulas such as `s_{r-1}` on purpose), a braced sub- or
-superscript (`N_{eff}`).
+superscript (`N_{eff}`); and, outside the API pages, on slips of prose (`prose_slips`: "8..",
+") (", a capital after a colon inside a sentence).
 A full-page screenshot of every chapter goes to _build/screenshots/.
 
     python .ci/check_html.py --tex-only [_build/html]
 
-runs only the TeX check, on the HTML files as built (no browser needed).
+runs only the TeX and prose checks, on the HTML files as built (no browser needed).
 """
 from __future__ import annotations
 
@@ -38,8 +39,13 @@ READER_CHECKS = r"""() => {
   const width = article.getBoundingClientRect().width;
   article.querySelectorAll('table').forEach((t, i) => {
     const name = ((t.querySelector('caption') || {}).textContent || `table ${i + 1}`).trim().slice(0, 60);
-    if (t.scrollWidth > width + 1)
-      out.push(`"${name}" is ${Math.round(t.scrollWidth)} px wide, the text ${Math.round(width)} px`);
+    // the narrowest box around the table (a cell's output area scrolls, so it clips what is wider)
+    let box = t.parentElement, room = width;
+    for (; box && box !== article; box = box.parentElement)
+      if (box.clientWidth > 0) room = Math.min(room, box.clientWidth);
+    const wide = Math.max(t.scrollWidth, t.getBoundingClientRect().width);
+    if (wide > room + 1)
+      out.push(`"${name}" is ${Math.round(wide)} px wide, its box ${Math.round(room)} px`);
     if (t.querySelector('th.blank') && !t.querySelector('th.index_name'))
       out.push(`"${name}": an index column without a name`);
   });
@@ -57,6 +63,18 @@ TEX_PATTERNS = (
     ("a $...$ span", re.compile(r"\$\$[^$]+\$\$|(?<![\\$])\$(?=[^\s$])[^$\n]*?(?<=[^\s\\])\$(?!\d)")),
     ("a TeX command", re.compile(r"\\(?:[A-Za-z]{2,}|[,;:!])")),
     ("a braced sub/superscript", re.compile(r"[_^]\{[^{}\n]{1,40}\}")),
+)
+# Slips of typed or generated prose (the page's visible text outside code and math): a doubled
+# full stop that is not an ellipsis, back-to-back parentheses, a capital after a colon inside a
+# sentence (a name such as "Chapter 4" or "FineWeb-Edu" is exempt: its second letter is not lower case
+# or it is listed).  Math and code are left out of the visible text, so punctuation next to them
+# is not judged.
+PROSE_PATTERNS = (
+    ("a doubled full stop", re.compile(r"(?<![.\w/])\w+\.\.(?![./\w])")),
+    ("back-to-back parentheses", re.compile(r"\) \(")),
+    ("a capital after a colon", re.compile(r"(?<=\w): (?!(?:Chapter|Table|Figure|Appendix|Llama|FineWeb|Chinchilla|"
+                                           r"Huginn|Ouro|Parcae|Polar|SLURM|Epoch|MuonH|Muon|Adam|AdamW|"
+                                           r"Nesterov|I\b|PyPI|Debian|Binder|Hugging|Meta)\b)[A-Z][a-z]+ [a-z]")),
 )
 # elements whose text is not prose: code, rendered math (MathML, MathJax), scripts, API signatures
 _SKIP_TAGS = {"script", "style", "pre", "code", "kbd", "samp", "tt", "math", "svg", "textarea", "head",
@@ -133,23 +151,37 @@ def tex_leaks(html: str, braces: bool = True) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def prose_slips(html: str) -> list[str]:
+    """One problem per slip of `PROSE_PATTERNS` in the page's visible text, with its context."""
+    out = []
+    for line in visible_text(html).splitlines():
+        line = " ".join(line.split())
+        for what, rx in PROSE_PATTERNS:
+            for m in rx.finditer(line):
+                start = max(0, m.start() - 40)
+                out.append(f"prose: {what} {m.group(0)!r}: ...{line[start:m.end() + 40]}...")
+    return list(dict.fromkeys(out))
+
+
 def _is_api(page_path: str) -> bool:
     return page_path.startswith("book/api")
 
 
 def tex_only(html_dir: Path) -> int:
-    """The TeX check alone, on the built HTML files (no browser)."""
+    """The TeX and prose checks alone, on the built HTML files (no browser)."""
     failures = []
     pages = sorted(p for p in html_dir.rglob("*.html")
                    if not p.relative_to(html_dir).parts[0].startswith(("_", ".")))
     for page in pages:
         name = page.relative_to(html_dir).as_posix()
-        failures += [f"{name}: {p}" for p in tex_leaks(page.read_text(), braces=not _is_api(name))]
+        html = page.read_text()
+        failures += [f"{name}: {p}" for p in tex_leaks(html, braces=not _is_api(name))]
+        failures += [] if _is_api(name) else [f"{name}: {p}" for p in prose_slips(html)]
     if failures:
         print("\n".join(failures), file=sys.stderr)
-        print(f"check_html: {len(failures)} piece(s) of raw TeX in {len(pages)} pages", file=sys.stderr)
+        print(f"check_html: {len(failures)} piece(s) of raw TeX or slips of prose in {len(pages)} pages", file=sys.stderr)
         return 1
-    print(f"check_html: no raw TeX in {len(pages)} pages")
+    print(f"check_html: no raw TeX and no slips of prose in {len(pages)} pages")
     return 0
 
 
@@ -229,6 +261,7 @@ def main(argv=None) -> int:
             if page_path.startswith("book/") and not page_path.startswith("book/api"):
                 problems += page.evaluate(READER_CHECKS)
             problems += tex_leaks(page.content(), braces=not _is_api(page_path))
+            problems += [] if _is_api(page_path) else prose_slips(page.content())
             if page_path.startswith("book/"):
                 page.screenshot(path=str(shots / (Path(page_path).stem + ".png")), full_page=True)
             status = "ok" if not problems else f"{len(problems)} problem(s)"

@@ -70,7 +70,7 @@ def test_tex_only_mode_checks_the_built_files(tmp_path, capsys):
     (tmp_path / "book" / "ch.html").write_text(page("<p>Our $r = 2$ pays</p>"))
     assert check_html.main(["--tex-only", str(tmp_path)]) == 1
     err = capsys.readouterr().err
-    assert "book/ch.html: raw TeX, a $...$ span '$r = 2$'" in err and "1 piece(s) of raw TeX in 2 pages" in err
+    assert "book/ch.html: raw TeX, a $...$ span '$r = 2$'" in err and "1 piece(s) of raw TeX or slips of prose in 2 pages" in err
 
 
 def test_api_pages_may_write_plain_text_subscripts(tmp_path):
@@ -86,3 +86,33 @@ def test_api_pages_may_write_plain_text_subscripts(tmp_path):
 def test_one_report_per_span():
     leaks = check_html.tex_leaks(page("<p>per e-fold of $\\alpha A N_\\mathrm{eff}^{-\\alpha}$, and \\varphi</p>"))
     assert len(leaks) == 2 and "a $...$ span" in leaks[0] and "'\\\\varphi'" in leaks[1], leaks
+
+
+@pytest.mark.parametrize("body, found", [
+    ("<p>i.e. d = 24 to 64 is its s = 3 to 8.. and more</p>", "a doubled full stop"),
+    ("<p>it misses joint fit R² (raw nats) (0.9868, aim ≥ 0.99)</p>", "back-to-back parentheses"),
+    ("<li>Paired design: Each variant run against its twin</li>", "a capital after a colon"),
+])
+def test_slips_of_prose_are_found(body, found):
+    slips = check_html.prose_slips(page(body))
+    assert len(slips) == 1 and found in slips[0], slips
+
+
+@pytest.mark.parametrize("body", [
+    "<p>Wait for it...</p>",                                # an ellipsis
+    "<p>see ../shared and v2.0..v2.1 in <code>a) (b</code></p>",
+    "<p>the recipe: FineWeb-Edu with Llama-2; see Chapter 4: Is φ a constant?</p>",   # names after a colon
+    "<p>two numbers: 0.64 and 0.46 (ours) and (theirs)</p>",
+    "<p>in short: A and B are scale coefficients</p>",       # a capital that starts no lower-case word
+])
+def test_clean_prose_passes(body):
+    assert check_html.prose_slips(page(body)) == []
+
+
+def test_tex_only_mode_fails_on_a_slip_of_prose_but_not_on_the_api_pages(tmp_path):
+    (tmp_path / "book").mkdir()
+    (tmp_path / "index.html").write_text(page("<p>fine</p>"))
+    (tmp_path / "book" / "api_core.html").write_text(page("<dd><p>Returns: The fitted law (a) (b)</p></dd>"))
+    assert check_html.main(["--tex-only", str(tmp_path)]) == 0
+    (tmp_path / "book" / "ch.html").write_text(page("<p>The verdict: Each arm alone</p>"))
+    assert check_html.main(["--tex-only", str(tmp_path)]) == 1
