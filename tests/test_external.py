@@ -1,5 +1,5 @@
-"""The reader of another lab's looped runs (`looped.studies.external`) and its analysis, on the
-committed tables under runs/external/qlabs-scaling-exponents/."""
+"""The reader of another lab's looped runs (`looped.studies.external_runs`) and its analysis
+(`looped.studies.external`), on the committed tables under runs/external/qlabs-scaling-exponents/."""
 from __future__ import annotations
 
 import json
@@ -14,35 +14,36 @@ import pytest
 from looped.cli import main as looped_main
 from looped.fit import FitError
 from looped.studies import external as X
+from looped.studies import external_runs as XR
 
 
 @pytest.fixture(scope="module")
 def ladder():
-    return X.ladder_runs()
+    return XR.ladder_runs()
 
 
 @pytest.fixture(scope="module")
 def grid():
-    return X.grid_runs(best=False)
+    return XR.grid_runs(best=False)
 
 
 def test_the_committed_data_carry_their_licence():
-    assert "MIT License" in (X.DATA / "LICENSE").read_text()
-    assert all((X.DATA / f).is_file() for f in X.FILES.values())
+    assert "MIT License" in (XR.DATA / "LICENSE").read_text()
+    assert all((XR.DATA / f).is_file() for f in XR.FILES.values())
 
 
 def test_our_reading_of_their_formula_reproduces_compute_flops(ladder, grid):
     """Their convention (4w^2 + 2wh blocks, h = 4w up to a multiple of 384, head 50,304 w, causal
     attention 6 w T per executed layer on the ladders, none on the grid): within TOL_THEIRS."""
     for df in (ladder, grid):
-        assert np.abs(df.their_formula_ratio - 1).max() < X.TOL_THEIRS
+        assert np.abs(df.their_formula_ratio - 1).max() < XR.TOL_THEIRS
 
 
 def test_our_accounting_with_causal_attention_is_within_the_stated_tolerance(ladder, grid):
     """Our accounting (4w MLP, full 12 w T attention) halved in attention is within TOL_OURS of theirs;
     exact where their MLP rounding is nil (d divisible by 3), and never above theirs by more than norms."""
     for df in (ladder, grid):
-        assert (df.our_causal_ratio > 1 - 1e-3).all() and (df.our_causal_ratio < 1 + X.TOL_OURS).all()
+        assert (df.our_causal_ratio > 1 - 1e-3).all() and (df.our_causal_ratio < 1 + XR.TOL_OURS).all()
     exact = ladder[ladder.depth % 3 == 0]
     assert np.abs(exact.our_causal_ratio - 1).max() < 1e-3
     # full (non-causal) attention: our per-token count exceeds theirs on the ladders
@@ -59,16 +60,16 @@ def test_the_reader_recovers_their_design(ladder):
     n = by.n_once + by.n_rec
     assert np.allclose(n.loc["loop_2"], n.loc["vanilla"].loc[n.loc["loop_2"].index])
     assert np.allclose(n.loc["untied_2"], n.loc["deep_vanilla"]) and (by.loc["loop_2"].r == 2).all()
-    steps = pd.read_csv(X.DATA / X.FILES["steps"]).dropna()
-    assert all(X.split(int(d)) == (int(p), int(c), int(o)) for d, p, c, o in
+    steps = pd.read_csv(XR.DATA / XR.FILES["steps"]).dropna()
+    assert all(XR.split(int(d)) == (int(p), int(c), int(o)) for d, p, c, o in
                steps[["depth", "layers_prelude", "layers_core", "layers_coda"]].itertuples(index=False))
 
 
 def test_the_grid_keeps_the_best_weight_decay(grid):
-    best = X.grid_runs()
+    best = XR.grid_runs()
     assert len(best) == len(grid.groupby(["depth", "r"]))
     assert np.allclose(best.set_index(["depth", "r"]).loss, grid.groupby(["depth", "r"]).loss.min())
-    assert (best.tokens == X.GRID_STEPS * X.BATCH_TOKENS).all()
+    assert (best.tokens == XR.GRID_STEPS * XR.BATCH_TOKENS).all()
 
 
 def test_looped_fit_accepts_the_exported_tables(tmp_path):
@@ -86,8 +87,8 @@ def test_looped_fit_accepts_the_exported_tables(tmp_path):
 @pytest.mark.parametrize("damage", ["drop_column", "bad_number", "not_csv"])
 def test_a_malformed_table_is_a_one_line_error(tmp_path, damage, capsys):
     folder = tmp_path / "data"
-    shutil.copytree(X.DATA, folder)
-    path = folder / X.FILES["ladder"]
+    shutil.copytree(XR.DATA, folder)
+    path = folder / XR.FILES["ladder"]
     if damage == "drop_column":
         pd.read_csv(path).drop(columns="val_loss").to_csv(path, index=False)
     elif damage == "bad_number":
@@ -97,7 +98,7 @@ def test_a_malformed_table_is_a_one_line_error(tmp_path, damage, capsys):
     else:
         path.write_bytes(b"\x00\xff\x00 binary")
     with pytest.raises(FitError):
-        X.ladder_runs(folder)
+        XR.ladder_runs(folder)
     assert X.main(["--data", str(folder), "--export", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("looped external: error:") and "\n" not in err
