@@ -13,6 +13,7 @@ from looped.io import json_ready
 from looped.law import Law
 from looped.solver import RunArrays, law_loss, objective
 from looped.studies import law_variants as M
+from looped.studies import phi_drift as D
 from looped.studies import robustness as R
 
 LAW = {"A": 8.0, "alpha": 0.15, "B": 300.0, "beta": 0.4, "E": 1.8, "phi": 0.5}
@@ -44,10 +45,10 @@ def exact():
 
 
 def test_per_budget_phis_and_trend_recover_a_constant_phi(exact):
-    pb = R.per_budget_phi(exact, restarts=8, bootstrap=0)
+    pb = D.per_budget_phi(exact, restarts=8, bootstrap=0)
     assert list(pb["budget"]) == list(BUDGETS)
     np.testing.assert_allclose(pb["phi"], 0.5, atol=0.02)
-    tr = R.phi_trend(exact, restarts=8, bootstrap=4, boot_restarts=1)
+    tr = D.phi_trend(exact, restarts=8, bootstrap=4, boot_restarts=1)
     assert abs(tr["phi1"]) < 0.02 and abs(tr["phi_mid"] - 0.5) < 0.01
     assert tr["n_cells"] == 16 and tr["phi1_jack_se"] < 0.01 and abs(tr["phi1"]) < 0.01   # cells, not budgets
     assert tr["phi0"] == pytest.approx(tr["phi_mid"] - tr["phi1"] * tr["log10_c_centre"])
@@ -174,9 +175,9 @@ def test_bad_input_raises_a_clear_error(exact, tmp_path):
     with pytest.raises(FitError, match="empty"):
         R.robustness_table(pd.DataFrame())
     with pytest.raises(FitError, match="loss"):
-        R.per_budget_phi(exact.drop(columns="loss"))
+        D.per_budget_phi(exact.drop(columns="loss"))
     with pytest.raises(FitError, match="budget"):
-        R.phi_trend(exact.drop(columns="budget"))
+        D.phi_trend(exact.drop(columns="budget"))
     with pytest.raises(FitError, match="s"):
         R.goodness_of_fit(exact.drop(columns="s"))
     with pytest.raises(FitError, match="kind"):
@@ -195,7 +196,7 @@ def test_json_is_plain():
 
 
 def test_phi_vs_compute_tables(exact):
-    out = R.phi_vs_compute(exact, restarts=20, bootstrap=3, boot_restarts=1, multi_restarts=4, multi_boot_restarts=1)
+    out = D.phi_vs_compute(exact, restarts=20, bootstrap=3, boot_restarts=1, multi_restarts=4, multi_boot_restarts=1)
     assert set(out) == {"per_budget", "windows", "paper_per_budget", "paper_windows", "trend"}
     assert list(out["windows"][["budget_lo", "budget_hi"]].itertuples(index=False, name=None)) == list(
         zip(BUDGETS[:-1], BUDGETS[1:])
@@ -224,14 +225,14 @@ def test_a_further_budget_is_predicted_refitted_and_joins_the_drift_fits(exact):
     t = R.robustness_table(exact, drift=far, **kw).set_index("variant")
     assert t.index[-1] == "with_drift_budgets" and t.loc["with_drift_budgets", "n_runs"] == len(exact) + 8
     assert abs(t.loc["with_drift_budgets", "phi"] - 0.5) < 0.01
-    pvc = R.phi_vs_compute(exact, drift=far, **kw)
+    pvc = D.phi_vs_compute(exact, drift=far, **kw)
     assert pvc["per_budget"]["budget"].tolist() == [*BUDGETS, 5e13] and pvc["trend"]["n_budgets"].tolist() == [5, 6]
     partial = far[far["r"] != 8]
-    assert len(R.add_budgets(exact, partial)[1]) == 0
+    assert len(D.add_budgets(exact, partial)[1]) == 0
     assert "with_drift_budgets" not in R.robustness_table(exact, drift=partial, **kw)["variant"].tolist()
     assert R.goodness_of_fit(exact, restarts=8, drift=partial)["holdout"]["n_runs"].tolist() == [6]
     with pytest.raises(FitError, match="repeat budget"):
-        R.add_budgets(exact, exact)
+        D.add_budgets(exact, exact)
 
 
 def test_fit_multi_rejects_a_design_that_does_not_line_up(exact):
@@ -292,10 +293,10 @@ def test_pure_error_keeps_the_protocols_apart_and_measures_their_shift():
 
 
 def test_trend_simulation_is_centred_on_zero_and_power_is_a_z_test(exact):
-    sim = R.trend_simulation(exact, LAW, cell_sd=0.01, noise=0.005, n_draws=6, restarts=4)
+    sim = D.trend_simulation(exact, LAW, cell_sd=0.01, noise=0.005, n_draws=6, restarts=4)
     assert abs(sim["null_mean"]) < 3 * sim["se"] and 0 < sim["se"] < 1
-    assert R.power(0.0, 0.1) == pytest.approx(0.05, abs=1e-6)
-    assert R.power(2.8 * 0.1, 0.1) == pytest.approx(0.80, abs=0.01) and R.power(-0.28, 0.1) == R.power(0.28, 0.1)
+    assert D.power(0.0, 0.1) == pytest.approx(0.05, abs=1e-6)
+    assert D.power(2.8 * 0.1, 0.1) == pytest.approx(0.80, abs=0.01) and D.power(-0.28, 0.1) == D.power(0.28, 0.1)
 
 
 def test_seed_and_order_attributes_a_shift_to_the_order():

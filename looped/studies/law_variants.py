@@ -5,7 +5,8 @@ or per budget) or a free multiplier kappa on the recurrent term,
 
 fitted by the one solver (`looped.solver.solve_restarts` on a `RunArrays.design`) with the paper's
 objective, from a warm start at the nested `looped.fit` optimum plus random starts, with a block
-bootstrap over (budget, r) cells (`looped.resample`).  Numbers only.
+bootstrap over (budget, r) cells (`looped.resample`).  `fit_row` puts a `looped.fit` result in the
+columns of `MultiFit.row`, so the robustness tables hold both kinds of fit.  Numbers only.
 """
 from __future__ import annotations
 
@@ -57,6 +58,18 @@ class MultiFit:
         lo, hi = self.ci.get(name, NAN2)
         return dict(phi=self.params[name], phi_lo=lo, phi_hi=hi, r2=self.r2, rmse=self.rmse, n_runs=self.n_runs,
                     huber=self.huber)
+
+
+def fit_residuals(res, df) -> np.ndarray:
+    """Observed - predicted loss (nats) of each run of df under a `looped.fit` result."""
+    return df["loss"].to_numpy(float) - law_loss(res.theta, RunArrays.from_frame(df))
+
+
+def fit_row(res, df) -> dict:
+    """`MultiFit.row`'s columns for a `looped.fit` result on df: the one-phi law in the same tables."""
+    lo, hi = res.ci.get("phi", NAN2)
+    return dict(phi=res.phi, phi_lo=lo, phi_hi=hi, r2=res.r2, rmse=_rmse(fit_residuals(res, df)),
+                n_runs=len(df), huber=res.huber)
 
 
 def fit_multi(df, X, labels, kappa=False, restarts=64, seed=0, bootstrap=0, boot_restarts=4, fix=None) -> MultiFit:

@@ -3,11 +3,12 @@ per budget, against the seed noise, and on synthetic data from a known law.
 
     L = E + A (N_once + kappa r^phi N_rec)^(-alpha) + B D^(-beta)      (kappa = 1: the paper's law)
 
-robustness_table (variants), phi_vs_compute (per budget, windows, the paper's minima, trend),
-goodness_of_fit (seed SD, lack-of-fit F, residual patterns, leave-one-budget-out),
-synthetic_recovery (bias, SD, coverage of phi); `python -m looped.studies.robustness --out F`.
-Runs at a further budget (`--drift`, the cpu-drift study) are predicted by the main fit, refitted
-with the main runs, and join the phi-against-compute fits once they have a run at every r.
+robustness_table (variants), goodness_of_fit (seed SD, lack-of-fit F, residual patterns,
+leave-one-budget-out), synthetic_recovery (bias, SD, coverage of phi), and phi_vs_compute (per
+budget, windows, the paper's minima, trend: `looped.studies.phi_drift`); `run_all` runs them all,
+`python -m looped.studies.robustness --out F`.  Runs at a further budget (`--drift`, the cpu-drift
+study) are predicted by the main fit, refitted with the main runs, and join the phi-against-compute
+fits once they have a run at every r.
 Numbers only.  Forms `looped.fit` can express (transformed columns, subsets) are fitted by it;
 the others (several phis, a free kappa) by `law_variants.fit_multi`: the same objective and solver
 on a design with more columns, block bootstrap over (budget, r) cells.  Residuals: observed - predicted loss, nats.
@@ -31,8 +32,9 @@ from ..io import atomic_write_json, json_ready
 from ..law import Law
 from ..resample import cells
 from ..solver import LAW_PARAMS, RunArrays, law_loss
-from .law_variants import FIVE, NAN2, _rmse, check_runs, fit_multi, onehot
-from .paper import PAPER_DIR, PAPER_LAW, design_of, paper_grid, paper_table, runs_from_minima
+from .law_variants import NAN2, _rmse, check_runs, fit_multi, fit_residuals, fit_row, onehot
+from .paper import PAPER_LAW, design_of, paper_grid, paper_table
+from .phi_drift import add_budgets, phi_vs_compute, power, trend_simulation
 from .registry import STUDIES, load_study
 from .replicates import protocol_shift, replicate_sd, seed_and_order
 
@@ -88,41 +90,12 @@ def cell_interiors(df) -> pd.DataFrame:
     return df[(pos > 0) & (pos < size - 1)].reset_index(drop=True)
 
 
-def add_budgets(df, extra) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(df plus the budgets of `extra` that have a run at every r of df, those added runs): a budget
-    still missing an r would leave its own phi unidentified, so it waits.  FitError if `extra`
-    repeats a budget of df (replicates belong in --seeds)."""
-    if extra is None or not len(extra):
-        return df, df.iloc[:0]
-    extra = check_runs(extra, need=("budget", "s"))
-    twice = sorted(set(extra["budget"]) & set(df["budget"]))
-    if twice:
-        raise FitError(f"drift runs repeat budget(s) {', '.join(f'{b:g}' for b in twice)} of the main runs")
-    rs = set(df["r"])
-    ready = [b for b, g in extra.groupby("budget") if rs <= set(g["r"])]
-    added = extra[extra["budget"].isin(ready)]
-    return pd.concat([df, added], ignore_index=True), added.reset_index(drop=True)
-
-
-def _residuals(res, df) -> np.ndarray:
-    return df["loss"].to_numpy(float) - law_loss(res.theta, RunArrays.from_frame(df))
-
-
 def paper_design() -> pd.DataFrame:
     """The paper's main grid with N_once, N_rec and D from the accounting (preset 'paper')."""
     return paper_grid("main")
 
 
-# ----------------------------------------------------------------------------- several phis, kappa
-
-
 # ----------------------------------------------------------------------------- 1. variants
-
-def _row(res, df) -> dict:
-    lo, hi = res.ci.get("phi", NAN2)
-    return dict(phi=res.phi, phi_lo=lo, phi_hi=hi, r2=res.r2, rmse=_rmse(_residuals(res, df)),
-                n_runs=len(df), huber=res.huber)
-
 
 def robustness_table(df, restarts=500, bootstrap=200, seed=0, boot_restarts=None, multi_restarts=200,
                      multi_boot_restarts=8, preset="prose", drift=None) -> pd.DataFrame:
@@ -137,8 +110,9 @@ def robustness_table(df, restarts=500, bootstrap=200, seed=0, boot_restarts=None
                **{f"without_r{r}": df[df["r"] != r] for r in (2, 8) if (df["r"] == r).any()},
                "without_lowest_budget": df[df["budget"] != b[0]], "without_highest_budget": df[df["budget"] != b[-1]],
                "cell_interiors": cell_interiors(df)}
-    rows = [dict(variant=name, **_row(fit(sub.reset_index(drop=True), restarts=restarts, seed=seed, bootstrap=bootstrap,
-                                          boot_restarts=boot_restarts), sub)) for name, sub in subsets.items()]
+    rows = [dict(variant=name, **fit_row(fit(sub.reset_index(drop=True), restarts=restarts, seed=seed,
+                                             bootstrap=bootstrap, boot_restarts=boot_restarts), sub))
+            for name, sub in subsets.items()]
     kw = dict(restarts=multi_restarts, seed=seed, bootstrap=bootstrap, boot_restarts=multi_boot_restarts)
     X, levels = onehot(df["r"], sorted(v for v in df["r"].unique() if v > 1))
     m = fit_multi(df, X, [f"phi_{v:g}" for v in levels], **kw)
@@ -147,111 +121,14 @@ def robustness_table(df, restarts=500, bootstrap=200, seed=0, boot_restarts=None
     rows.append(dict(variant="kappa_r_phi", **m.row("phi"), kappa=m.params["kappa"],
                      **dict(zip(("kappa_lo", "kappa_hi"), m.ci.get("kappa", NAN2)))))
     if len(added):
-        rows.append(dict(variant="with_drift_budgets", **_row(fit(joined, restarts=restarts, seed=seed,
-                                                                  bootstrap=bootstrap, boot_restarts=boot_restarts),
-                                                              joined)))
+        rows.append(dict(variant="with_drift_budgets", **fit_row(fit(joined, restarts=restarts, seed=seed,
+                                                                     bootstrap=bootstrap, boot_restarts=boot_restarts),
+                                                                 joined)))
     return pd.DataFrame(rows, columns=["variant", "phi", "phi_lo", "phi_hi", "r2", "rmse", "n_runs", "huber",
                                        "kappa", "kappa_lo", "kappa_hi"])
 
 
-# ----------------------------------------------------------------------------- 2. phi against compute
-
-def per_budget_phi(df, restarts=200, bootstrap=200, seed=0, boot_restarts=8, fix=None) -> pd.DataFrame:
-    """One phi per budget, the other five shared (one joint fit): budget, phi, phi_lo, phi_hi,
-    r2, rmse, n_runs (all budgets), huber, n_boot_valid (resamples with a looped cell of it)."""
-    df = check_runs(df)
-    X, budgets = onehot(df["budget"])
-    labels = [f"phi_C{v:g}" for v in budgets]
-    m = fit_multi(
-        df, X, labels, restarts=restarts, seed=seed, bootstrap=bootstrap, boot_restarts=boot_restarts, fix=fix
-    )
-    return pd.DataFrame(
-        [dict(budget=v, **m.row(lab), n_boot_valid=m.n_valid.get(lab, 0)) for v, lab in zip(budgets, labels)]
-    )
-
-
-def window_phi(df, width=2, restarts=500, bootstrap=200, seed=0, boot_restarts=None) -> pd.DataFrame:
-    """The law fitted to each `width` consecutive budgets: budget_lo, budget_hi, then _row's columns."""
-    df = check_runs(df)
-    b = sorted(df["budget"].unique())
-    subs = [df[df["budget"].isin(b[i:i + width])].reset_index(drop=True) for i in range(len(b) - width + 1)]
-    return pd.DataFrame([dict(budget_lo=s["budget"].min(), budget_hi=s["budget"].max(), **_row(
-        fit(s, restarts=restarts, seed=seed, bootstrap=bootstrap, boot_restarts=boot_restarts), s)) for s in subs])
-
-
-def phi_trend(df, restarts=200, bootstrap=200, seed=0, boot_restarts=8, fix=None) -> dict:
-    """phi_i = phi0 + phi1 log10(C_i), the other five shared.  phi_mid: phi at the mean log10 C of
-    the budgets (log10_c_centre).  phi1's scales: cell-bootstrap percentiles (a robustness band:
-    with few cells its ends move between reruns) and the delete-one jackknife over (budget, r)
-    cells (SE, z = phi1 / SE).  A jackkknife over budgets would only measure how far four points
-    scatter about a line, not the noise of each budget's phi."""
-    df = check_runs(df)
-    lb = np.log10(sorted(df["budget"].unique()))
-    centre = float(lb.mean())
-
-    def one(sub, boot, restarts=restarts):
-        X = np.column_stack([np.ones(len(sub)), np.log10(sub["budget"].to_numpy(float)) - centre])
-        return fit_multi(sub, X, ["phi_mid", "phi1"], restarts=restarts, seed=seed, bootstrap=boot,
-                         boot_restarts=boot_restarts, fix=fix)
-
-    m, cell = one(df, bootstrap), cells(df)
-    jack = np.array([one(df[cell != c].reset_index(drop=True), 0, min(restarts, 32)).params["phi1"]
-                     for c in range(cell.max() + 1)])
-    k, p1 = len(jack), m.params["phi1"]
-    se = float(np.sqrt((k - 1) / k * ((jack - jack.mean()) ** 2).sum())) if k > 2 else math.nan
-    return dict(phi_mid=m.params["phi_mid"], phi1=p1, phi0=m.params["phi_mid"] - p1 * centre, log10_c_centre=centre,
-                phi1_boot_lo=m.ci.get("phi1", NAN2)[0], phi1_boot_hi=m.ci.get("phi1", NAN2)[1], phi1_jack_se=se,
-                phi1_jack_z=p1 / se, n_cells=k, n_budgets=len(lb), n_runs=m.n_runs, r2=m.r2, rmse=m.rmse)
-
-
-def trend_simulation(df, law: dict, cell_sd: float, noise: float, n_draws=100, restarts=16, seed=0) -> dict:
-    """The trend's SE where there is no trend: losses from the constant-phi `law` on our design, plus
-    one shift per (budget, r) cell of SD `cell_sd` nats (the law's misfit, as observed) and white
-    noise of SD `noise` nats (seed noise), each draw's phi1 refitted.  Returns the null mean and SD of phi1."""
-    design = check_runs(df)
-    truth, cell = law_loss(Law.from_dict(law).theta, RunArrays.from_frame(design)), cells(design)
-    rng, centre = np.random.default_rng([seed, 3]), float(np.log10(sorted(design["budget"].unique())).mean())
-    X = np.column_stack([np.ones(len(design)), np.log10(design["budget"].to_numpy(float)) - centre])
-    draws = []
-    for i in range(n_draws):
-        y = truth + rng.normal(0, cell_sd, cell.max() + 1)[cell] + rng.normal(0, noise, len(design))
-        draws.append(fit_multi(design.assign(loss=y), X, ["phi_mid", "phi1"], restarts=restarts,
-                               seed=seed + i).params["phi1"])
-    d = np.asarray(draws)
-    return dict(null_mean=float(d.mean()), se=float(d.std(ddof=1)), n_draws=n_draws, cell_sd=cell_sd, noise=noise)
-
-
-def power(effect: float, se: float) -> float:
-    """Two-sided 5% power of a z test of slope `effect` with standard error `se` (normal approximation)."""
-    z = abs(effect) / se
-    return float(stats.norm.sf(1.959964 - z) + stats.norm.cdf(-1.959964 - z))
-
-
-def phi_vs_compute(df, restarts=500, bootstrap=200, seed=0, boot_restarts=None, multi_restarts=200,
-                   multi_boot_restarts=8, drift=None) -> dict:
-    """per_budget (our runs, per_budget_phi), windows (window_phi), paper_per_budget and
-    paper_windows (the paper's 24 minima per budget and per two consecutive budgets, its five
-    other published parameters held: budget or budget_lo/budget_hi, phi, n_cells), trend
-    (phi_trend, one row per data set: 'ours', 'paper_minima').  Ours include the `drift` budgets
-    that have a run at every r (add_budgets)."""
-    df = add_budgets(check_runs(df), drift)[0]
-    kw = dict(restarts=multi_restarts, seed=seed, bootstrap=bootstrap, boot_restarts=multi_boot_restarts)
-    five = {k: v for k, v in PAPER_LAW.to_dict().items() if k in FIVE}
-    minima = runs_from_minima(PAPER_DIR / "compute_optimal_minima.csv")     # the 24 published minima as runs
-    held = lambda s: fit(s.reset_index(drop=True), restarts=restarts, seed=seed, fix=five).phi  # noqa: E731
-    paper = [dict(budget=v, phi=held(s), n_cells=len(s)) for v, s in minima.groupby("budget")]
-    b = sorted(minima["budget"].unique())
-    pairs = [minima[minima["budget"].isin(b[i:i + 2])] for i in range(len(b) - 1)]
-    return dict(per_budget=per_budget_phi(df, **kw),
-                windows=window_phi(df, restarts=restarts, bootstrap=bootstrap, seed=seed, boot_restarts=boot_restarts),
-                paper_per_budget=pd.DataFrame(paper),
-                paper_windows=pd.DataFrame([dict(budget_lo=s["budget"].min(), budget_hi=s["budget"].max(),
-                                                 phi=held(s), n_cells=len(s)) for s in pairs]),
-                trend=pd.DataFrame([dict(data="ours", **phi_trend(df, **kw)),
-                                    dict(data="paper_minima", **phi_trend(minima, fix=five, **kw))]))
-
-
-# ----------------------------------------------------------------------------- 3. goodness of fit
+# ----------------------------------------------------------------------------- 2. goodness of fit
 
 def _by(e, keys, name) -> pd.DataFrame:
     g = pd.DataFrame({name: keys, "e": e}).groupby(name)["e"]
@@ -268,7 +145,7 @@ def goodness_of_fit(df, seed_df=None, restarts=500, seed=0, n_params=6, drift=No
     n_runs, mean_error, rmse, rmse_over_seed_sd); residuals: one row per run."""
     df = check_runs(df, need=("budget", "s"))
     res = fit(df, restarts=restarts, seed=seed)
-    e, n = _residuals(res, df), len(df)
+    e, n = fit_residuals(res, df), len(df)
     seeds = None if seed_df is None else check_runs(seed_df, need=())
     rep = replicate_sd(df, seeds, design=df)
     var = float(e @ e) / (n - n_params)
@@ -299,11 +176,11 @@ def goodness_of_fit(df, seed_df=None, restarts=500, seed=0, n_params=6, drift=No
             fit(df[df["budget"] != b].reset_index(drop=True), restarts=restarts, seed=seed),
             df[df["budget"] == b],
         )
-        eb = _residuals(rb, test)
+        eb = fit_residuals(rb, test)
         lobo.append(dict(budget=b, n_runs=len(test), mean_error=float(eb.mean()), rmse=_rmse(eb), phi=rb.phi))
     held = []   # the budgets this fit never saw
     for b, g in ([] if drift is None or not len(drift) else check_runs(drift).groupby("budget")):
-        eh = _residuals(res, g)
+        eh = fit_residuals(res, g)
         held.append(dict(budget=b, n_runs=len(g), mean_error=float(eh.mean()), rmse=_rmse(eh),
                          rmse_over_seed_sd=_rmse(eh) / rep["seed_sd"]))
     return dict(
@@ -317,7 +194,7 @@ def goodness_of_fit(df, seed_df=None, restarts=500, seed=0, n_params=6, drift=No
     )
 
 
-# ----------------------------------------------------------------------------- 4. synthetic recovery
+# ----------------------------------------------------------------------------- 3. synthetic recovery
 
 def synthetic_recovery(design_df, law: dict, n_draws=50, noise=0.01, kind="white", cell_noise=None,
                        restarts=100, bootstrap=100, boot_restarts=None, seed=0) -> dict:
@@ -350,14 +227,12 @@ def synthetic_recovery(design_df, law: dict, n_draws=50, noise=0.01, kind="white
                              n_runs=len(design), noise=noise, cell_noise=sd_cell, kind=kind), draws=d)
 
 
-# ----------------------------------------------------------------------------- 5. command line
+# ----------------------------------------------------------------------------- 4. command line
 
 FULL = dict(restarts=500, bootstrap=200, boot_restarts=None, multi_restarts=200, multi_boot_restarts=8,
             draws=50, synth_restarts=100, synth_bootstrap=100, synth_boot_restarts=8, trend_draws=200)
 QUICK = dict(restarts=50, bootstrap=20, boot_restarts=4, multi_restarts=16, multi_boot_restarts=2,
              draws=20, synth_restarts=50, synth_bootstrap=10, synth_boot_restarts=2, trend_draws=20)
-
-
 
 def run_all(df, seed_df, s: dict, seed=0, drift=None, planned=None) -> dict:
     """Every study with settings `s` (FULL or QUICK), `drift` runs where each study uses them; the
