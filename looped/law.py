@@ -262,7 +262,7 @@ def compute_optimal_frontier(law, preset="paper", r=R_VALUES, *, budgets,
         for C in budgets:
             def loss(u):
                 no, nr, fl = parts(u)
-                return p.E + p.A * (no + gain * nr) ** (-p.alpha) + p.B * (C / fl) ** (-p.beta)
+                return p.predict(no, nr, rr, C / fl)
 
             i = int(np.argmin(loss(grid)))
             a, b = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
