@@ -5,7 +5,6 @@ two views of how firmly the runs pin phi down (`phi_profile`, `rmse_at_phi`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -18,16 +17,12 @@ from .iso_flop import budget_halves, main_design
 from .paper import paper_fits
 from .study import Study
 
-if TYPE_CHECKING:
-    import pandas as pd
-
 
 def phi_profile(runs, phis=None, restarts: int = 100, seed: int = 0):
     """How well the data pin phi down: the law refitted with phi held at each value of `phis`
     (the other five parameters free), one row per value with the fit's Huber objective, its
     ratio to the lowest objective of the profile, and R^2.  A flat profile means the data hardly
     prefer one phi over another; a narrow valley means phi is well identified."""
-
     phis = np.linspace(-0.5, 1.5, 21) if phis is None else np.asarray(phis, float)
     rows = []
     for v in phis:
@@ -105,8 +100,8 @@ def our_phi_fits(main_runs, truncated_runs=None, hyper=None, restarts: int = 500
     return out
 
 
-def phi_estimates(ours: dict | None = None) -> "pd.DataFrame":
-    """Every estimate of phi, the paper's and ours, one row each (for `looped.report.figures.plot_phi_forest`).
+def phi_estimates(ours: dict | None = None) -> pd.DataFrame:
+    """Every estimate of phi, the paper's and ours, one row each (for `looped.report.fit_figures.plot_phi_forest`).
 
     Columns label, source ('paper' or 'ours'), phi, lo, hi (the 95% bootstrap interval; NaN
     where there is none: the paper gives one for its joint fit only).  The paper's rows come from
@@ -114,7 +109,6 @@ def phi_estimates(ours: dict | None = None) -> "pd.DataFrame":
     the same labels to FitResults (`our_phi_fits`), and a label whose fit is None or has no phi
     gets a row with NaN phi (not fitted).  Rows are ordered by label, the paper's before ours.
     """
-
     paper = paper_fits()
     unknown = set(ours or {}) - set(PHI_FITS)
     if unknown:
@@ -136,6 +130,6 @@ def rmse_at_phi(law, runs, phis) -> dict:
     """RMSE (nats) of the runs around a law (a Law or FitResult) with its phi replaced by each value
     of ``phis``, the other five parameters kept: how well the effective size N_once + r^phi N_rec
     lines the runs of every r up on the law's curve (the measure of
-    `looped.report.figures.plot_neff_collapse`).  Returns {phi: RMSE}."""
+    `looped.report.fit_figures.plot_neff_collapse`).  Returns {phi: RMSE}."""
     law = as_law(law)
     return {float(v): float(np.sqrt(np.mean(residuals(law.replace(phi=float(v)), runs) ** 2))) for v in phis}
