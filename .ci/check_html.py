@@ -179,7 +179,8 @@ def tex_only(html_dir: Path) -> int:
         failures += [] if _is_api(name) else [f"{name}: {p}" for p in prose_slips(html)]
     if failures:
         print("\n".join(failures), file=sys.stderr)
-        print(f"check_html: {len(failures)} piece(s) of raw TeX or slips of prose in {len(pages)} pages", file=sys.stderr)
+        print(f"check_html: {len(failures)} piece(s) of raw TeX or slips of prose in {len(pages)} pages",
+              file=sys.stderr)
         return 1
     print(f"check_html: no raw TeX and no slips of prose in {len(pages)} pages")
     return 0
