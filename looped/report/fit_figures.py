@@ -249,13 +249,14 @@ def plot_compute_optimal(axes, frontier, minima=None, paper_gaps=None, budget_ra
         ax.grid(alpha=0.3, which="both")
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
+    # one key for the four panels, below them (with a constrained layout): colour is r, the style the source
     keys = [Line2D([], [], color=r_color(r), lw=1.8, label=f"r = {r}") for r in sorted(fr.r.unique())]
     keys += [Line2D([], [], color="0.4", lw=1.8, label="the law's frontier")]
     keys += [k for k, shown in ((Line2D([], [], color="0.4", marker="o", ls="", mfc="white", mew=1.4,
                                         label="the paper's minima"), minima is not None),
                                 (Patch(color="0.5", alpha=0.3, lw=0, label="the paper's reported gaps"), paper_gaps),
                                 (Patch(fc="0.92", ec="0.75", label="the paper's budget range"),
-                                 budget_range is not None)) if shown]   # one key for the four panels, below them (with a constrained layout)
+                                 budget_range is not None)) if shown]
     axes[0].figure.legend(handles=keys, loc="outside lower center", ncol=4, fontsize=LEGEND_FONTSIZE, frameon=False)
     return axes
 
