@@ -1,4 +1,4 @@
-"""The chapter "Is φ a constant?": its tables and its figure, from the committed results of
+"""The chapter "Is φ a constant?": its tables and its figures, from the committed results of
 `looped robustness` (`looped.studies.robustness.read_results`).  The chapter writes its own words."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pandas as pd
 
 from ..studies.paper import PAPER_PHI_CI
 from .formatting import power_of_ten
-from .palette import LEGEND_FONTSIZE, OURS_COLOR, PAPER_COLOR, plain_log_axis
+from .palette import LEGEND_FONTSIZE, OURS_COLOR, PAPER_COLOR
 
 VARIANTS = {  # robustness_table's variants, as the reader should read them
     "paper": "the paper's law and accounting",
@@ -22,6 +22,13 @@ VARIANTS = {  # robustness_table's variants, as the reader should read them
     "per_r_phi_4": "one φ per r: φ₄",
     "per_r_phi_8": "one φ per r: φ₈",
     "kappa_r_phi": "extra multiplier: κ·rᵠ·N_rec",
+}
+GROUPS = {  # the refits of the forest, in groups, the main fit first; one φ per r last: three exponents, not one φ
+    "how N is counted": ("paper", "head_in_n_once", "embedding_and_head_in_n_once"),
+    "which runs": ("without_r2", "without_r8", "without_lowest_budget", "without_highest_budget", "cell_interiors",
+                   "with_drift_budgets"),
+    "form of the law": ("kappa_r_phi",),
+    "three exponents,\nnot refits of one": ("per_r_phi_2", "per_r_phi_4", "per_r_phi_8"),
 }
 SCENARIOS = {"ours_white": ("our design", "white"), "ours_cell": ("our design", "per cell + white"),
              "paper_white": ("the paper's design", "white"), "paper_cell": ("the paper's design", "per cell + white")}
@@ -62,33 +69,76 @@ def synthetic_frame(results: dict) -> pd.DataFrame:
                          "coverage": t.coverage, "mean_width": t.mean_width, "draws": t.n_draws.astype(int)})
 
 
+def plot_refit_forest(results: dict, ax=None):
+    """The refits of `robustness_frame` as a forest (`fit_figures.plot_phi_forest`): one row per refit,
+    its φ and 95% interval, in the groups of `GROUPS` (a rule between groups, the group's name to
+    the right; a refit in none comes last), the main fit (the paper's law and accounting) in bold
+    with a thin line at its φ, the paper's φ and interval as the band."""
+    from .fit_figures import plot_phi_forest
+    group_of = {v: g for g, variants in GROUPS.items() for v in variants}
+    rank = {v: i for i, v in enumerate(group_of)}
+    variant = results["robustness"].variant.to_numpy()
+    frame = robustness_frame(results).assign(group=[group_of.get(v, "other") for v in variant],
+                                             rank=[rank.get(v, len(rank)) for v in variant])
+    frame = frame.sort_values("rank", kind="stable")
+    frame["refit"] = ["main fit (the paper's counting)" if i == 0 else t for i, t in enumerate(frame.refit)]
+    entries = frame.assign(source="ours")[["refit", "source", "phi", "phi_lo", "phi_hi"]]
+    ax = plot_phi_forest(entries.set_axis(["label", "source", "phi", "lo", "hi"], axis=1), ax=ax)
+    main = frame.iloc[0]
+    ax.axvline(main.phi, color=OURS_COLOR, lw=0.8, alpha=0.45, zorder=1, label=f"our main fit: φ = {main.phi:.3f}")
+    ax.tick_params(axis="y", labelsize=10)      # long labels: leave the data its width
+    ax.get_yticklabels()[0].set_fontweight("bold")
+    y = -np.arange(len(frame))      # the forest's rows, top down
+    for g, rows in frame.reset_index(drop=True).groupby("group", sort=False):
+        top, bottom = y[rows.index[0]], y[rows.index[-1]]
+        if rows.index[0] > 0:
+            ax.axhline(top + 0.5, color="0.3", lw=0.9)
+        ax.text(1.02, (top + bottom) / 2, g, transform=ax.get_yaxis_transform(), ha="left", va="center",
+                fontsize=LEGEND_FONTSIZE, color="0.3", style="italic")
+    ax.legend(fontsize=LEGEND_FONTSIZE, loc="upper center", bbox_to_anchor=(0.5, -0.09), ncol=2, frameon=False)
+    return ax
+
+
+def _power_of_ten_axis(axis):
+    """A log axis labelled at 1 and 3 x 10^k as powers of ten (10¹³, 3×10¹⁸), no minor labels."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 3.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: power_of_ten(v)))
+    axis.set_minor_formatter(NullFormatter())
+
+
 def plot_phi_vs_compute(axes, results: dict) -> None:
     """First axes: our φ per budget (the other parameters shared, 95% bootstrap bars) and over sliding
-    windows of two budgets (lines); second: φ per budget and per two-budget window of the paper's
-    published minima (the other five parameters held at its law).  Ours with the fitted trend
-    φ₀ + φ₁ log₁₀ C and its cell-jackknife SE."""
+    windows of two budgets (lines), with the fitted trend φ₀ + φ₁ log₁₀ C and its cell-jackknife SE;
+    second: φ per budget and per two-budget window of the paper's published minima (the other
+    five parameters held at its law).  The paper's φ interval as a band in both, budgets as powers
+    of ten; one key for both panels below them (``loc="outside lower center"``: make the figure
+    with layout="constrained" and a shared y-axis)."""
     ours, paper = results["per_budget"], results["paper_per_budget"]
     trend = results["trend"].set_index("data")
     ax = axes[0]
     ax.errorbar(ours.budget, ours.phi, yerr=[ours.phi - ours.phi_lo, ours.phi_hi - ours.phi], fmt="o",
-                color=OURS_COLOR, capsize=3, label="one φ per budget")
+                color=OURS_COLOR, capsize=3, label="ours: one φ per budget (95% interval)")
     for w in results["windows"].itertuples():
         ax.plot([w.budget_lo, w.budget_hi], [w.phi, w.phi], color=OURS_COLOR, alpha=0.5, lw=2)
-    ax.plot([], [], color=OURS_COLOR, alpha=0.5, lw=2, label="two-budget windows")
+    ax.plot([], [], color=OURS_COLOR, alpha=0.5, lw=2, label="ours: two-budget windows")
     row = trend.loc["ours"]   # the paper's minima are not a line (U-shaped per budget): no trend drawn there
     c = np.geomspace(ours.budget.min(), ours.budget.max(), 20)
     ax.plot(c, row.phi0 + row.phi1 * np.log10(c), "--", color=OURS_COLOR,
-            label=f"trend: {row.phi1:+.3f} per decade (SE {row.phi1_jack_se:.2f})")
-    axes[1].plot(paper.budget, paper.phi, "s", color=PAPER_COLOR, label="one φ per budget (published minima)")
+            label=f"ours: trend {row.phi1:+.3f} per decade (SE {row.phi1_jack_se:.2f})")
+    axes[1].plot(paper.budget, paper.phi, "s", color=PAPER_COLOR, label="paper's minima: one φ per budget")
     for w in results["paper_windows"].itertuples():
         axes[1].plot([w.budget_lo, w.budget_hi], [w.phi, w.phi], color=PAPER_COLOR, alpha=0.5, lw=2)
-    axes[1].plot([], [], color=PAPER_COLOR, alpha=0.5, lw=2, label="two-budget windows")
-    axes[1].axhspan(*PAPER_PHI_CI, color=PAPER_COLOR, alpha=0.12, label=f"the paper's φ interval {list(PAPER_PHI_CI)}")
+    axes[1].plot([], [], color=PAPER_COLOR, alpha=0.5, lw=2, label="paper's minima: two-budget windows")
     for a, title in zip(axes, ("our runs", "the paper's 24 published minima")):
+        band = a.axhspan(*PAPER_PHI_CI, color=PAPER_COLOR, alpha=0.12, lw=0)
         a.set_xscale("log")
-        plain_log_axis(a.xaxis)
+        _power_of_ten_axis(a.xaxis)
         a.set_xlabel("training compute C (FLOPs)")
-        a.set_title(title)
-        a.legend(fontsize=LEGEND_FONTSIZE, loc="best")
-    for a in axes:
-        a.set_ylabel("φ")
+        a.set_title(title, fontsize=10)
+    axes[0].set_ylabel("φ")
+    band.set_label(f"the paper's φ interval {list(PAPER_PHI_CI)}")
+    handles, labels = zip(*(h for a in axes for h in sorted(zip(*a.get_legend_handles_labels()),   # points first
+                                                            key=lambda h: "one φ per budget" not in h[1])))
+    axes[0].figure.legend(handles, labels, loc="outside lower center", ncol=2, fontsize=LEGEND_FONTSIZE,
+                          frameon=False)
