@@ -12,7 +12,7 @@ with an exponent ('1e+13') in the prose.  On every page it fails on TeX that rea
 unrendered (`tex_leaks`): a `$...$` span or a TeX command such as `\\mathrm` or `\\varphi` in
 the visible text, outside math, code and signatures, and, except on the API pages (whose
 docstrings write plain-text formulas such as `s_{r-1}` on purpose), a braced sub- or
-superscript (`N_{eff}`); and, outside the API pages, on slips of prose (`prose_slips`: "8..",
+superscript (`N_{eff}`); and, on the book's pages other than the API, on slips of prose (`prose_slips`: "8..",
 ") (", a capital after a colon inside a sentence).
 A full-page screenshot of every chapter goes to _build/screenshots/.
 
@@ -167,6 +167,11 @@ def _is_api(page_path: str) -> bool:
     return page_path.startswith("book/api")
 
 
+def _is_prose(page_path: str) -> bool:
+    """The book's own pages: not the API pages, nor Sphinx's index and search pages."""
+    return page_path.startswith("book/") and not _is_api(page_path)
+
+
 def tex_only(html_dir: Path) -> int:
     """The TeX and prose checks alone, on the built HTML files (no browser)."""
     failures = []
@@ -176,7 +181,7 @@ def tex_only(html_dir: Path) -> int:
         name = page.relative_to(html_dir).as_posix()
         html = page.read_text()
         failures += [f"{name}: {p}" for p in tex_leaks(html, braces=not _is_api(name))]
-        failures += [] if _is_api(name) else [f"{name}: {p}" for p in prose_slips(html)]
+        failures += [f"{name}: {p}" for p in prose_slips(html)] if _is_prose(name) else []
     if failures:
         print("\n".join(failures), file=sys.stderr)
         print(f"check_html: {len(failures)} piece(s) of raw TeX or slips of prose in {len(pages)} pages",
@@ -262,7 +267,7 @@ def main(argv=None) -> int:
             if page_path.startswith("book/") and not page_path.startswith("book/api"):
                 problems += page.evaluate(READER_CHECKS)
             problems += tex_leaks(page.content(), braces=not _is_api(page_path))
-            problems += [] if _is_api(page_path) else prose_slips(page.content())
+            problems += prose_slips(page.content()) if _is_prose(page_path) else []
             if page_path.startswith("book/"):
                 page.screenshot(path=str(shots / (Path(page_path).stem + ".png")), full_page=True)
             status = "ok" if not problems else f"{len(problems)} problem(s)"

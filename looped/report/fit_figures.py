@@ -223,7 +223,7 @@ def plot_compute_optimal(axes, frontier, minima=None, paper_gaps=None, budget_ra
     fr = frontier_gaps(frontier)
     axes = list(getattr(axes, "flat", axes))
     cols = [("n_star", "unique non-embedding params N*"), ("tokens_star", "training tokens D*"),
-            ("loss_star", "loss L* (nats/token)"), ("gap", "L*(r) - L*(r = 1) (nats/token)")]
+            ("loss_star", "loss L* (nats/token)"), ("gap", "L*(r) − L*(r = 1) (nats/token)")]
     pub = {"n_star": "n_star", "tokens_star": "tokens_star", "loss_star": "loss_star_nats", "gap": "gap"}
     for ax, (col, label) in zip(axes, cols):
         if budget_range is not None:
