@@ -146,8 +146,38 @@ def bash_lines(md: Path) -> list[str]:
     return [line for block in blocks for line in block.replace("\\\n", " ").splitlines()]
 
 
+def papermill_commands():
+    """(page, words) of every papermill command in the bash blocks of the book's pages and the README."""
+    for md in [*sorted((ROOT / "book").glob("*.md")), ROOT / "README.md"]:
+        for line in bash_lines(md):
+            for command in line.split("#")[0].split("&&"):
+                if re.match(r"\s*papermill\b", command):
+                    yield md, shlex.split(command)
+
+
+def parameters_of(notebook: str) -> set[str]:
+    """The names the chapter's cell tagged `parameters` assigns (from its MyST source)."""
+    md = (ROOT / notebook).with_suffix(".md").read_text()
+    (cell,) = re.findall(r"^```\{code-cell\}[^\n]*\n:tags: \[[^\]]*\bparameters\b[^\]]*\]\n(.*?)^```", md, re.S | re.M)
+    return set(re.findall(r"^([A-Za-z_]\w*)\s*=", cell, re.M))
+
+
+def test_papermill_examples_set_parameters_their_chapter_has():
+    """A misspelt -p name would be injected as a new variable and silently change nothing."""
+    seen = 0
+    for md, words in papermill_commands():
+        known = parameters_of(words[1])
+        given = [words[i + 1] for i, w in enumerate(words) if w == "-p"]
+        for i, w in enumerate(words):
+            if w == "-y":
+                given += list(yaml.safe_load(words[i + 1]))
+        assert set(given) <= known, f"{md.name}: {' '.join(words)} sets {set(given) - known}, not in {sorted(known)}"
+        seen += 1
+    assert seen >= 6   # chapter 2's GPU section alone has four
+
+
 def test_papermill_examples_create_their_output_folder():
-    for md in (ROOT / "book" / "intro.md", ROOT / "README.md"):
+    for md in [*sorted((ROOT / "book").glob("*.md")), ROOT / "README.md"]:
         made = set()
         for line in bash_lines(md):
             for command in line.split("#")[0].split("&&"):
