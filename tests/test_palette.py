@@ -34,7 +34,7 @@ def test_sources_and_r_have_their_own_colours():
 def test_figure_modules_take_their_colours_from_the_palette():
     """Saturated colours come from the palette only: a hex literal in the figure modules is a pale
     fill (the architecture diagram's block kinds), never a colour that could read as r or a source."""
-    for name in ("figures.py", "fit_figures.py", "constancy.py"):
+    for name in ("figures.py", "fit_figures.py", "law_figures.py", "constancy.py"):
         for hexcol in re.findall(r'"(#[0-9a-fA-F]{6})"', (REPORT / name).read_text()):
             assert min(to_rgb(hexcol)) > 0.55, f"{name}: {hexcol} is not a pale fill; use looped.report.palette"
 

@@ -1,8 +1,9 @@
 """Figures for the book: the architecture, the accounting and the run tables (iso-FLOP curves,
 minima, costs, case-study curves), drawn with the palette of `looped.report.palette`.  The figures of
-fitted laws live in `looped.report.fit_figures`; both are re-exported here, the one module chapters
-import.  Matplotlib and seaborn are imported inside the functions, so importing this module is
-cheap.  Every function draws on axes it is given (or makes its own) and returns them.
+fitted laws live in `looped.report.fit_figures`, those of what a law implies in
+`looped.report.law_figures`; all are re-exported here, the one module chapters import.  Matplotlib
+and seaborn are imported inside the functions, so importing this module is cheap.  Every function
+draws on axes it is given (or makes its own) and returns them.
 """
 from __future__ import annotations
 
@@ -15,9 +16,6 @@ from ..studies.architecture import accounting_grid
 from ..studies.paper import PAPER_PHI
 from .fit_figures import (  # noqa: F401
     plot_bootstrap,
-    plot_compute_optimal,
-    plot_effective_size_vs_phi,
-    plot_minima_laws,
     plot_neff_collapse,
     plot_phi_comparison,
     plot_phi_forest,
@@ -26,6 +24,7 @@ from .fit_figures import (  # noqa: F401
     plot_residuals,
 )
 from .formatting import power_of_ten
+from .law_figures import plot_compute_optimal, plot_effective_size_vs_phi, plot_minima_laws  # noqa: F401
 from .palette import (  # noqa: F401
     BUDGET_MARKERS,
     LEGEND_FONTSIZE,

@@ -13,7 +13,7 @@
   the architecture diagram carry no meaning of their own; an r outside the paper's four is light
   grey.
 
-The axis style shared by `looped.report.figures` and `looped.report.fit_figures` lives here too.
+The axis style shared by the figure modules (`figures`, `fit_figures`, `law_figures`) lives here too.
 Matplotlib is imported inside the functions that need it, so reading a colour or a symbol
 plots nothing.  Imported inside a Jupyter kernel (a chapter), the module
 also switches the kernel's inline figures to PNG at twice the resolution (`hidpi_inline_figures`),
