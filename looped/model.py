@@ -180,7 +180,7 @@ class LoopedGPT(nn.Module):
         cos, sin = rotary_tables(cfg.seq_len, cfg.head_dim)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
-        self.fused_loss = False  # True: the fused softcap/cross-entropy tail (train.fast_model sets it)
+        self.fused_loss = False  # True: the fused softcap/cross-entropy tail (runtime.fast_model sets it)
         self.reset_parameters()
 
     @torch.no_grad()

@@ -68,10 +68,10 @@ def test_bench_profile_bad_input_is_one_line(capsys):
 def test_bench_train_takes_the_trainers_micro_batch(monkeypatch):
     """Without --micro-batch the benchmark splits each step as the trainer would (on a GPU the
     memory model's choice for the free memory), instead of the whole batch at once."""
-    from looped import train
+    from looped import runtime
     from looped.studies import bench
     chosen = []
-    monkeypatch.setattr(train, "first_micro_batch", lambda cfg, rows, device: chosen.append(rows) or rows // 2)
+    monkeypatch.setattr(runtime, "first_micro_batch", lambda cfg, rows, device: chosen.append(rows) or rows // 2)
     rows, _ = bench.measure_train("tiny", sizes=(1,), r_values=(2,), steps=1, warmup=1, paths=("eager",),
                                   peak_flops=1e9)
     assert chosen and rows[0]["micro_batch"] == chosen[0] // 2

@@ -15,7 +15,8 @@ from looped import optim
 from looped.config import model_config
 from looped.data import dataset
 from looped.model import LoopedGPT
-from looped.train import TrainConfig, fast_model, train
+from looped.runtime import fast_model
+from looped.train import TrainConfig, train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

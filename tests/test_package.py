@@ -135,7 +135,7 @@ def test_the_wheel_works_outside_the_checkout(tmp_path):
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
     subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false", "commit", "-q",
                     "--allow-empty", "-m", "x"], cwd=repo, check=True)
-    commit = subprocess.run([str(python), "-c", "from looped.train import git_commit; print(git_commit())"],
+    commit = subprocess.run([str(python), "-c", "from looped.runtime import git_commit; print(git_commit())"],
                             cwd=repo, capture_output=True, text=True, env=env, timeout=300)
     assert commit.stdout.strip() == "None", commit.stdout + commit.stderr
     assert looped_("--version") == f"looped {looped.__version__}\n"

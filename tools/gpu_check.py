@@ -46,7 +46,7 @@ import torch  # noqa: E402
 from gpu_kernels import CUDA, DEV, KernelPhases  # noqa: E402
 from gpu_summary import summary  # noqa: E402
 
-from looped import accounting, memory  # noqa: E402
+from looped import accounting, memory, runtime  # noqa: E402
 from looped import train as trainer  # noqa: E402
 from looped.config import get_preset, model_config  # noqa: E402
 from looped.data import dataset, packing  # noqa: E402
@@ -142,7 +142,7 @@ class DeviceCheck(KernelPhases):
     # ------------------------------------------------------------------ phases
     def env(self):
         e = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": sys.version.split()[0],
-             "numpy": np.__version__, "device": trainer.device_name(DEV), "threads": torch.get_num_threads()}
+             "numpy": np.__version__, "device": runtime.device_name(DEV), "threads": torch.get_num_threads()}
         if CUDA:
             p = torch.cuda.get_device_properties(DEV)
             e.update(capability=f"{p.major}.{p.minor}", sms=p.multi_processor_count, total_memory_bytes=p.total_memory,

@@ -4,7 +4,7 @@ without the trainer, on the check's own rows and weights.
   gemm         bf16 GEMM at two sizes after a ~1 s clock warm-up (CUDA events), vs the spec
   correctness  same weights, same rows: fp32 eager (TF32 off) vs bf16 eager
   muon, sdpa   Polar Express and a MuonH step on the device vs fp32/fp64 references; the SDPA kernel
-  compiled     bf16 eager vs the compiled step (train.fast_model), loss and gradients
+  compiled     bf16 eager vs the compiled step (runtime.fast_model), loss and gradients
 
 `KernelPhases` is a part of gpu_check.DeviceCheck (its `a`, `plan`, `spec`, `res`, `data_root`,
 `preset`, `rows` and `check`); gpu_check puts the repository on sys.path before importing it.
@@ -17,7 +17,7 @@ import time
 import numpy as np
 import torch
 
-from looped import train as trainer
+from looped import runtime
 from looped.config import model_config
 from looped.data import dataset
 from looped.model import LoopedGPT
@@ -88,7 +88,7 @@ class KernelPhases:
     def correctness(self):
         """Same weights, same rows: fp32 eager with TF32 off vs bf16 autocast eager."""
         cfg = model_config(self.a.preset, r=4, s=self.s)
-        b = self.batch(min(8, trainer.first_micro_batch(cfg, self.rows, DEV)))
+        b = self.batch(min(8, runtime.first_micro_batch(cfg, self.rows, DEV)))
         torch.manual_seed(0)
         model = LoopedGPT(cfg).to(DEV)
         old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
@@ -154,16 +154,16 @@ class KernelPhases:
         return out
 
     def compiled_step(self):
-        """bf16 eager vs the fast path (train.fast_model: fused loss tail + torch.compile) on the
+        """bf16 eager vs the fast path (runtime.fast_model: fused loss tail + torch.compile) on the
         trainer's micro-batch at s = 10, r = 4, same weights and rows; the throughput phase that
         follows reuses this compile through inductor's cache."""
         cfg = model_config(self.a.preset, r=4, s=self.s)
-        b = self.batch(trainer.first_micro_batch(cfg, self.rows, DEV))
+        b = self.batch(runtime.first_micro_batch(cfg, self.rows, DEV))
         torch.manual_seed(0)
         model = LoopedGPT(cfg).to(DEV)
         le, ge = self.loss_and_grads(model, model, b, CUDA)
         twin = copy.deepcopy(model)
-        fast = trainer.fast_model(twin)
+        fast = runtime.fast_model(twin)
         t = time.time()
         lc, gc_ = self.loss_and_grads(twin, fast, b, CUDA)
         sync()

@@ -42,7 +42,7 @@ def measure_train(preset: str = "cpu", sizes=(6, 32, 64), r_values=(1, 4), steps
 
     Each (s, r) is timed on every path of `paths`: "eager" is the reference step (no compile,
     MuonH matrix by matrix, one-tensor-at-a-time AdamW), "fast" the trainer's default (the
-    model compiled by `train.fast_model`, MuonH batched by shape, foreach AdamW).  Both start
+    model compiled by `runtime.fast_model`, MuonH batched by shape, foreach AdamW).  Both start
     from the same weights and tokens.  `warmup` untimed steps come first (the fast path's
     first one compiles; its duration is reported as `warmup_s`).  `micro_batch` splits each
     step's rows into gradient-accumulation micro-batches (default: as the trainer chooses, the
@@ -54,7 +54,7 @@ def measure_train(preset: str = "cpu", sizes=(6, 32, 64), r_values=(1, 4), steps
     """
     import torch
 
-    from ..train import first_micro_batch, matmul_peak
+    from ..runtime import first_micro_batch, matmul_peak
 
     unknown = set(paths) - set(PATHS)
     if unknown:
@@ -101,7 +101,7 @@ def training_step(cfg, p, fast: bool, device, micro: int):
 
     from .. import optim
     from ..model import LoopedGPT
-    from ..train import fast_model
+    from ..runtime import fast_model
     B = p.batch_tokens // p.seq_len
     torch.manual_seed(0)
     raw = LoopedGPT(cfg).to(device)
