@@ -371,9 +371,9 @@ def _dry_run(a, runs: list[Run], out: Path, i: int, n: int, micro_batch: int | N
             label, peak, _total = detected
             memory_bytes = memory.device_free_bytes()  # what is free, as the trainer sees it
             source = "the visible GPU"
-            if peak != peak:  # unknown part: measure a large GEMM
-                from ..runtime import matmul_peak
-                peak = matmul_peak(torch.device("cuda"), torch.bfloat16, n=8192)
+            if peak != peak:  # unknown part: the trainer's denominator, a measured large GEMM
+                from ..runtime import device_peak_flops
+                peak = device_peak_flops(torch.device("cuda"))
         else:
             label, (peak, memory_bytes) = DEFAULT_GPU, GPU_SPECS[DEFAULT_GPU]
             source = f"no GPU visible: {DEFAULT_GPU} assumed"
@@ -394,8 +394,8 @@ def _dry_run(a, runs: list[Run], out: Path, i: int, n: int, micro_batch: int | N
               f"{'fixed' if micro_batch is not None else 'automatic'} for {mem / 1e9:.0f} GB per GPU "
               f"(peak memory predicted by looped.memory, eager bf16)")
         return 0
-    from ..runtime import matmul_peak
-    peak = matmul_peak(torch.device("cpu"), torch.float32)
+    from ..runtime import device_peak_flops
+    peak = device_peak_flops(torch.device("cpu"))   # the MFU denominator the trainer records
     mfu = a.mfu if a.mfu is not None else 0.3
     est = cpu_estimate(mine, out, peak, mfu, timing_from=a.timing_from, processes=a.processes if n == 1 else 1)
     table = est["table"]
