@@ -45,3 +45,18 @@ def test_the_fit_table_is_the_fitters_main_design():
         theirs, _ = main_design(load_runs(REPO / "runs" / "cpu-main"))
     pd.testing.assert_frame_equal(ours, theirs)
     assert len(Study("cpu-main").fit_table(main_design=False)) >= len(ours)
+
+
+def test_gpu_costs_sum_each_studys_plan_and_size_its_longest_runs_shards():
+    """The chapter's cost table of the GPU studies: hours at the assumed MFU as `Study.cost`
+    totals them, days on one GPU and on a node, and 2 bytes on disk per token of the longest run."""
+    from looped.studies.study import gpu_costs
+    table = gpu_costs(["gpu-main", "paper-main"], peak_flops=1e15, mfu=0.5).set_index("study")
+    for name in ("gpu-main", "paper-main"):
+        plan = Study(name).plan()
+        row = table.loc[name]
+        assert row.runs == len(plan)
+        assert row.gpu_hours == pytest.approx(plan.run_flops.sum() / 0.5e15 / 3600)
+        assert row.days_1gpu == pytest.approx(row.gpu_hours / 24)
+        assert row.days_8gpu == pytest.approx(row.gpu_hours / 8 / 24)
+        assert row.shards_GB == pytest.approx(2 * plan.tokens.max() / 1e9)

@@ -100,6 +100,7 @@ MAGIC = b"LOOPEDT\x00"
 VERSION = 1
 _HEADER = struct.Struct("<8sIQIII")  # magic, version, n_tokens, row_len, vocab_size, crc32
 HEADER_BYTES = 64
+TOKEN_DTYPE = "<u2"   # every token id is 2 bytes on disk
 
 
 def write_shard(path: str | os.PathLike, rows, row_len: int, vocab_size: int) -> int:
@@ -110,7 +111,7 @@ def write_shard(path: str | os.PathLike, rows, row_len: int, vocab_size: int) ->
     arr = arr.reshape(-1, row_len)
     if arr.size and (arr.min() < 0 or arr.max() >= vocab_size):
         raise DataError(f"{path}: token ids outside [0, {vocab_size})")
-    payload = arr.astype("<u2").tobytes()
+    payload = arr.astype(TOKEN_DTYPE).tobytes()
     header = _HEADER.pack(MAGIC, VERSION, arr.size, row_len, vocab_size, zlib.crc32(payload))
     with atomic_open(path) as f:
         f.write(header.ljust(HEADER_BYTES, b"\x00"))
@@ -140,9 +141,9 @@ def read_shard(path: str | os.PathLike, verify: bool = True) -> tuple[np.ndarray
     if size != HEADER_BYTES + 2 * n_tokens:
         raise DataError(f"{path}: size {size} bytes, header promises {HEADER_BYTES + 2 * n_tokens} (truncated?)")
     if n_tokens == 0:
-        data = np.zeros((0, row_len), dtype="<u2")
+        data = np.zeros((0, row_len), dtype=TOKEN_DTYPE)
     else:
-        data = np.memmap(path, dtype="<u2", mode="r", offset=HEADER_BYTES, shape=(n_tokens // row_len, row_len))
+        data = np.memmap(path, dtype=TOKEN_DTYPE, mode="r", offset=HEADER_BYTES, shape=(n_tokens // row_len, row_len))
     if verify and zlib.crc32(data) != crc:
         raise DataError(f"{path}: checksum mismatch (corrupt payload)")
     return data, {"n_tokens": n_tokens, "row_len": row_len, "vocab_size": vocab, "crc32": crc}

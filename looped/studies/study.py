@@ -8,7 +8,7 @@ tables: `records()` (every record, or the finished ones), `plan()` (every planne
 tokens and compute), `table()` (the plan joined with the records), `fit_table()` (the runs the
 joint law is fitted to), `cost()` (training compute and accelerator-hours) and
 `learning_rates()`; beside them the bookkeeping of a run table (`status_counts`, `loss_pivot`,
-`run_costs`).  What the finished runs show is in `looped.studies.iso_flop`.
+`run_costs`) and of several GPU studies side by side (`gpu_costs`).  What the finished runs show is in `looped.studies.iso_flop`.
 """
 from __future__ import annotations
 
@@ -16,10 +16,12 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from .. import accounting as acc
 from ..config import REPO, Preset
+from ..data.packing import TOKEN_DTYPE
 from ..fit import REQUIRED, load_runs
 from ..memory import GPU_SPECS
 from ..records import COLUMNS, read_records
@@ -183,4 +185,19 @@ def run_costs(table):
                      "wall_hours": wall / 3600, "tokens": g.tokens.sum(),
                      "tokens_per_s": g.tokens.sum() / wall if wall else float("nan"),
                      "model_gflops_per_s": g.model_flops.sum() / wall / 1e9 if wall else float("nan")})
+    return pd.DataFrame(rows)
+
+
+def gpu_costs(names, peak_flops: float = GPU_SPECS["H200"][0], mfu: float = DEFAULT_GPU_MFU) -> pd.DataFrame:
+    """One row per study of `names`: its runs, training FLOPs and accelerator-hours at an ASSUMED
+    ``mfu`` of ``peak_flops`` (as `Study.cost`), the days on one GPU and on one 8-GPU node
+    (perfect data parallelism), and its longest run's tokens (B) with the GB of shards they take on disk."""
+    rows = []
+    for study in map(Study, names):
+        total = study.cost(peak_flops, mfu).set_index("budget").loc["total"]
+        tokens = float(study.plan().tokens.max())
+        rows.append({"study": study.name, "runs": int(total.runs), "flops": total.flops,
+                     "gpu_hours": total.gpu_hours, "days_1gpu": total.gpu_hours / 24,
+                     "days_8gpu": total.gpu_hours / 8 / 24, "tokens_B": tokens / 1e9,
+                     "shards_GB": tokens * np.dtype(TOKEN_DTYPE).itemsize / 1e9})
     return pd.DataFrame(rows)
