@@ -13,7 +13,7 @@ unrendered (`tex_leaks`): a `$...$` span or a TeX command such as `\\mathrm` or 
 the visible text, outside math, code and signatures, and, except on the API pages (whose
 docstrings write plain-text formulas such as `s_{r-1}` on purpose), a braced sub- or
 superscript (`N_{eff}`); and, on the book's pages other than the API, on slips of prose (`prose_slips`: "8..",
-") (", a capital after a colon inside a sentence).
+") (", a capital after a colon inside a sentence, a missing number printed as 'nan' or 'inf').
 A full-page screenshot of every chapter goes to _build/screenshots/.
 
     python .ci/check_html.py --tex-only [_build/html]
@@ -75,6 +75,7 @@ PROSE_PATTERNS = (
     ("a capital after a colon", re.compile(r"(?<=\w): (?!(?:Chapter|Table|Figure|Appendix|Llama|FineWeb|Chinchilla|"
                                            r"Huginn|Ouro|Parcae|Polar|SLURM|Epoch|MuonH|Muon|Adam|AdamW|"
                                            r"Nesterov|I\b|PyPI|Debian|Binder|Hugging|Meta)\b)[A-Z][a-z]+ [a-z]")),
+    ("a missing number printed raw", re.compile(r"(?<![\w.\-/])(?:nan|-?inf)(?![\w.\-/])")),   # a table cell, a glue
 )
 # elements whose text is not prose: code, rendered math (MathML, MathJax), scripts, API signatures
 _SKIP_TAGS = {"script", "style", "pre", "code", "kbd", "samp", "tt", "math", "svg", "textarea", "head",

@@ -93,6 +93,7 @@ def test_one_report_per_span():
     ("<p>i.e. d = 24 to 64 is its s = 3 to 8.. and more</p>", "a doubled full stop"),
     ("<p>it misses joint fit R² (raw nats) (0.9868, aim ≥ 0.99)</p>", "back-to-back parentheses"),
     ("<li>Paired design: Each variant run against its twin</li>", "a capital after a colon"),
+    ("<table><tr><td>0.554</td><td>nan</td></tr></table>", "a missing number printed raw"),
 ])
 def test_slips_of_prose_are_found(body, found):
     slips = check_html.prose_slips(page(body))
@@ -105,6 +106,7 @@ def test_slips_of_prose_are_found(body, found):
     "<p>the recipe: FineWeb-Edu with Llama-2; see Chapter 4: Is φ a constant?</p>",   # names after a colon
     "<p>two numbers: 0.64 and 0.46 (ours) and (theirs)</p>",
     "<p>in short: A and B are scale coefficients</p>",       # a capital that starts no lower-case word
+    "<p>a NaN loss ends the run; see info and nanoGPT</p>",  # the word, not a printed number
 ])
 def test_clean_prose_passes(body):
     assert check_html.prose_slips(page(body)) == []

@@ -31,6 +31,13 @@ def test_html_table_groups_ours_and_paper():
     assert "e+" not in html and ">0<" not in html      # no exponent, no 0..n-1 index
 
 
+def test_a_missing_cell_reads_as_a_dash_under_a_format_string_too():
+    """An outer merge of ours and the paper's leaves cells empty; '{:.3f}' must not print them as 'nan'."""
+    t = tables.Table(pd.DataFrame({"budget": [1e12, 1e18], "phi": [0.907, math.nan]}), "x", formats={"phi": "{:.3f}"})
+    assert "nan" not in t.text and "nan" not in t._repr_html_()
+    assert t.cells.iloc[:, 1].tolist() == ["0.907", "-"]
+
+
 def test_a_bare_column_beside_its_papers_is_labelled_ours():
     """`phi` next to `phi_paper` sits under "φ: ours | paper"; a column without a sibling keeps an empty label."""
     df = pd.DataFrame({"r": [1], "phi": [0.64], "phi_lo": [0.55], "phi_paper": [0.46], "n_runs": [19]})

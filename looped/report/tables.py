@@ -122,7 +122,9 @@ def _readable(df, headers=None, formats=None, pairs=False):
     for col, orig in zip(table.columns, originals):   # a format is found by the original or the shown name
         key = next((k for k in (orig, col, col[-1] if isinstance(col, tuple) else None) if k in formats), None)
         f = formats.get(key) if key is not None else None
-        fmt[col] = (f.format if isinstance(f, str) else f) or (lambda v, c=col: number_text(v, c))
+        if isinstance(f, str):   # a format string shows a missing cell as number_text does, not 'nan'
+            f = (lambda v, f=f: number_text(v) if v is None or v != v else f.format(v))
+        fmt[col] = f or (lambda v, c=col: number_text(v, c))
 
     def readable(c):
         return names.get(c, str(c).replace("_", " ")) if c != "" else ""
