@@ -8,7 +8,8 @@ tables: `records()` (every record, or the finished ones), `plan()` (every planne
 tokens and compute), `table()` (the plan joined with the records), `fit_table()` (the runs the
 joint law is fitted to), `cost()` (training compute and accelerator-hours) and
 `learning_rates()`; beside them the bookkeeping of a run table (`status_counts`, `loss_pivot`,
-`run_costs`) and of several GPU studies side by side (`gpu_costs`).  What the finished runs show is in `looped.studies.iso_flop`.
+`run_costs`) and of several GPU studies side by side (`gpu_costs`).  What the finished runs
+show is in `looped.studies.iso_flop`.
 """
 from __future__ import annotations
 
