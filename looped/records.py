@@ -3,15 +3,26 @@
 A record is what `looped.train.train` writes; a folder of them is a study.  `iter_records` is
 the one place record files are opened: `read_records` (the study table) and the fitter's
 `looped.fit.load_runs` (through `flat_record`) both read through it.
-`fcntl` (POSIX only) is imported where a running run's lock is probed.
+
+Every record names the data its run trained on: from schema 2 on, the trainer writes the field
+``data`` (dataset directory name, corpus, corpus version and the dataset's digest, from its
+meta.json); an older record's data is inferred from its preset (`record_data`).  Both tables carry
+it as the columns ``dataset`` and ``corpus_version``, so runs of two corpora are never pooled
+unnoticed (`looped.fit.fit` refuses a table of several datasets unless asked).
+
+`fcntl` (POSIX only) is imported where a running run's lock is probed, pandas where a table is
+built (the trainer imports this module for its record's fields).
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
-import pandas as pd
+from .config import PRESETS
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 class RecordError(ValueError):
@@ -20,7 +31,54 @@ class RecordError(ValueError):
 
 COLUMNS = ["run_id", "study", "status", "budget", "r", "s", "injection", "bptt_k", "d_model", "n", "n_once",
            "n_rec", "flops_per_token", "tokens", "steps", "loss", "wall_seconds", "tokens_per_s", "mfu",
-           "lr_scale", "seed", "batch_tokens", "data_order"]
+           "lr_scale", "seed", "batch_tokens", "data_order", "dataset", "corpus_version"]
+
+SCHEMA = 2  # the record's layout; 2 added `data` (records of schema 1 name their data through their preset)
+DATA_KEYS = ("dataset", "corpus", "corpus_version", "digest")
+DATA_COLUMNS = ("dataset", "corpus_version")  # what the tables show of it
+
+# The data of the records written before `data` existed (schema 1), by preset: the corpus of
+# `looped.data.dataset`'s rule of that time (the dataset name is corpus-tokenizer-T), and the
+# prose corpus at version 2 (`looped.data.corpus.VERSION` then), which every committed prose run
+# trained on.  Frozen on purpose: a later corpus or naming rule must not relabel old runs (the
+# tests check it against `looped.data.dataset.dataset_name`; records.py may not import the data
+# pipeline, tests/test_layers.py).
+LEGACY_DATA = {"cpu": ("shakespeare", None), "tiny": ("shakespeare", None), "prose": ("prose", 2),
+               "paper": ("fineweb-edu", None)}
+
+
+def data_field(meta: dict, name: str | None = None) -> dict:
+    """A record's ``data`` from its dataset's meta.json: the dataset directory's name (``name`` where
+    the meta lacks one), the corpus, its version and the dataset's digest (None where meta.json has
+    none)."""
+    return {"dataset": meta.get("name") or name, "corpus": meta.get("corpus"),
+            "corpus_version": meta.get("corpus_version"), "digest": meta.get("digest")}
+
+
+def legacy_data(preset: str | None, vocab_size: int | None = None, seq_len: int | None = None) -> dict | None:
+    """The ``data`` of a record written before the field existed, from its preset (and its model's
+    vocabulary and context, default the preset's): e.g. prose -> prose-bpe2048-T128, corpus version
+    2; cpu -> shakespeare-bpe1024-T128; paper -> fineweb-edu-llama2-T2048.  None for a preset the
+    rule does not know (its runs stay unnamed)."""
+    if preset not in LEGACY_DATA:
+        return None
+    corpus, version = LEGACY_DATA[preset]
+    vocab_size = vocab_size or PRESETS[preset].vocab_size
+    seq_len = seq_len or PRESETS[preset].seq_len
+    tokenizer = "llama2" if corpus == "fineweb-edu" else f"bpe{vocab_size}"
+    return {"dataset": f"{corpus}-{tokenizer}-T{seq_len}", "corpus": corpus, "corpus_version": version,
+            "digest": None}
+
+
+def record_data(rec: dict) -> dict | None:
+    """The data a record's run trained on: its ``data`` field, else (a record older than the field)
+    inferred from its preset by `legacy_data`; None where neither says."""
+    data = rec.get("data")
+    if isinstance(data, dict) and data.get("dataset"):
+        return {k: data.get(k) for k in DATA_KEYS}
+    config = rec.get("config") if isinstance(rec.get("config"), dict) else {}
+    preset = rec.get("preset") or config.get("preset")
+    return legacy_data(preset, config.get("vocab_size"), config.get("seq_len")) if isinstance(preset, str) else None
 
 
 def record_status(path: Path) -> str | None:
@@ -67,7 +125,8 @@ def iter_records(folder: str | Path, recursive: bool = False) -> Iterator[tuple[
 def flat_record(rec: dict) -> dict:
     """A record's scalar fields in one flat dict: the nested parts "config", "result", "results"
     and "metrics" lifted to the top level (top-level keys win), ``budget_flops`` read as
-    ``budget`` and ``val_loss`` / ``final_val_loss`` as ``loss`` where those are absent."""
+    ``budget`` and ``val_loss`` / ``final_val_loss`` as ``loss`` where those are absent, and the
+    run's ``dataset`` and ``corpus_version`` (`record_data`) where it names its data."""
     flat = {}
     for sub in ("config", "result", "results", "metrics"):
         if isinstance(rec.get(sub), dict):
@@ -80,11 +139,17 @@ def flat_record(rec: dict) -> dict:
             if alt in flat:
                 flat["loss"] = flat[alt]
                 break
+    data = record_data(rec)
+    if data:
+        for k in DATA_COLUMNS:
+            flat.setdefault(k, data[k])
     return flat
 
 
 def read_records(folder: str | Path) -> "pd.DataFrame":
-    """All run records of a folder as one table (every status; unreadable files reported)."""
+    """All run records of a folder as one table (every status; unreadable files reported), with the
+    data each run trained on (`record_data`) as ``dataset`` and ``corpus_version``."""
+    import pandas as pd
     folder = Path(folder)
     if not folder.is_dir():
         raise RecordError(f"{folder} is not a folder of run records")
@@ -93,5 +158,11 @@ def read_records(folder: str | Path) -> "pd.DataFrame":
         if rec is None:
             rows.append({"run_id": path.stem, "status": "corrupt"})
         elif isinstance(rec, dict) and "run_id" in rec:
-            rows.append({c: rec.get(c) for c in COLUMNS})
+            rows.append(table_row(rec))
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def table_row(rec: dict) -> dict:
+    """One record's row of a study table: its `COLUMNS`, the data columns from `record_data`."""
+    data = record_data(rec) or {}
+    return {c: data.get(c) if c in DATA_COLUMNS else rec.get(c) for c in COLUMNS}

@@ -32,6 +32,7 @@ from .dist import Dist, prepare_once
 from .io import atomic_write_json
 from .model import LoopedGPT
 from .options import TrainConfig, TrainError, add_options, given_options, run_id  # noqa: F401 (the API)
+from .records import SCHEMA, data_field
 from .runtime import (
     compile_errors,
     device_name,
@@ -272,11 +273,12 @@ def train(tc: TrainConfig) -> dict:
     tok_s = steady_steps * batch_tokens / steady_seconds if steady_seconds > 0 else None
     peak_bytes, peak_scope = peak_memory_bytes(dd.device)
     record = {
-        "schema": 1, "study": tc.study, "run_id": run_id(tc), "status": status,
+        "schema": SCHEMA, "study": tc.study, "run_id": run_id(tc), "status": status,
         "r": cfg.r, "s": tc.s, "s_model": size_used(cfg.preset, tc.s), "size_note": size_note(cfg.preset, tc.s, True),
         "injection": cfg.injection,
         "lanes": cfg.lanes if cfg.injection == "hyperconnect" else None,
         "bptt_k": cfg.k_bwd, "budget": tc.budget, "preset": preset.name,
+        "data": data_field(dataset.meta, dataset.path.name),  # what it trained on: runs of two corpora never pool
         "d_model": cfg.d_model, "n": accounting.n_params(cfg), "n_once": accounting.n_once(cfg),
         "n_rec": accounting.n_rec(cfg), "flops_per_token": flops_per_token,
         "batch_tokens": batch_tokens, "steps": steps, "tokens": steps * batch_tokens,

@@ -16,7 +16,7 @@ import pandas as pd
 from .. import accounting, memory
 from ..config import REPO, repo_relative
 from ..memory import gpu_spec
-from ..records import COLUMNS, iter_records, read_records, run_state
+from ..records import COLUMNS, iter_records, read_records, run_state, table_row
 from .registry import SweepError
 
 if TYPE_CHECKING:
@@ -114,7 +114,7 @@ def fast_path_records(preset: str, runs_root: str | Path | None = None) -> pd.Da
         for _, rec in iter_records(folder):
             if (isinstance(rec, dict) and rec.get("preset") == preset and rec.get("compile")
                     and rec.get("status") == "ok" and "copied_from" not in rec):
-                rows.append({c: rec.get(c) for c in COLUMNS})
+                rows.append(table_row(rec))
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
