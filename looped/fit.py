@@ -4,7 +4,8 @@
 
 `fit` minimises the paper's objective (`looped.solver.objective_reference`) from random starts in
 the paper's box, and adds block-bootstrap intervals over (budget, r) cells; `load_runs` reads a
-runs table (a CSV or a folder of run records); the `looped fit` command is `looped.fit_cli`.  A fit is a
+runs table (a CSV or a folder of run records); the `looped fit` command is `looped.fit_cli`.  A table
+of runs trained on several datasets (its ``dataset`` column) is refused unless asked.  A fit is a
 deterministic function of its runs, its arguments and this code, so with ``$LOOPED_FIT_CACHE`` set
 a repeated identical fit is read back instead of solved again.  Torch-free: imports in milliseconds.
 """
@@ -72,7 +73,8 @@ def load_runs(path) -> "pd.DataFrame":
     """Runs table from a CSV file or a directory of run-record JSON files (one per run).
 
     Required columns r, n_once, n_rec, tokens, loss; optional budget, s, study, status,
-    injection, bptt_k (a CSV column `budget_flops` is read as budget).  JSON records may nest
+    injection, bptt_k, dataset (a CSV column `budget_flops` is read as budget).  A folder's records
+    give each run's dataset and corpus_version (`looped.records.record_data`).  JSON records may nest
     fields under "config"/"result"; top-level keys win.  Rows whose status is not 'ok' are
     dropped with a warning.  Raises FitError (one line) for unreadable input, missing columns
     or non-positive / non-finite values.
@@ -139,6 +141,19 @@ def validate_runs(df, where: str = "runs"):
     if len(df) == 0:
         raise FitError(f"{where}: no runs to fit")
     return df.reset_index(drop=True)
+
+
+def mixed_data(df) -> str | None:
+    """Why a runs table pools runs of several datasets (each named with its number of runs), or None:
+    a table without a ``dataset`` column is one unnamed dataset, and runs without a name are not
+    counted."""
+    if "dataset" not in df.columns:
+        return None
+    counts = df["dataset"].dropna().astype(str).value_counts().sort_index()
+    if len(counts) < 2:
+        return None
+    return (f"the runs were trained on {len(counts)} datasets "
+            f"({', '.join(f'{name}: {n} runs' for name, n in counts.items())})")
 
 
 @dataclass
@@ -245,7 +260,7 @@ def _cache_file(df, arguments: dict) -> Path | None:
 
 def fit(df, restarts: int = 500, seed: int = 0, fix: dict | None = None, bootstrap: int = 0,
         boot_restarts: int | None = None, per_r: bool = False, polish: int = 3,
-        chinchilla: bool | None = None) -> FitResult:
+        chinchilla: bool | None = None, allow_mixed_data: bool = False) -> FitResult:
     """Fit the joint law to a runs table with the paper's protocol (the solver: `looped.solver`).
 
     restarts: random starts (uniform in the box, numpy Generator seeded by `seed`);
@@ -256,9 +271,14 @@ def fit(df, restarts: int = 500, seed: int = 0, fix: dict | None = None, bootstr
     at the full-data optimum and the full fit's other distinct local minima plus k random
     starts (faster, an approximation); per_r: also fit a Chinchilla law per r (`per_r` dict);
     chinchilla: force (True) or forbid (False) the Chinchilla law; default: automatic.
+    A table whose ``dataset`` column names several datasets (runs of two corpora) is refused with a
+    FitError (`mixed_data`) unless `allow_mixed_data`.
     With $LOOPED_FIT_CACHE set, a fit already made with the same runs and arguments is reused.
     """
     df = validate_runs(df)
+    why = None if allow_mixed_data else mixed_data(df)
+    if why:
+        raise FitError(f"{why}: fit one dataset's runs, or pass allow_mixed_data=True to fit them as one law")
     arguments = dict(restarts=restarts, seed=seed, fix=fix, bootstrap=bootstrap, boot_restarts=boot_restarts,
                      per_r=per_r, polish=polish, chinchilla=chinchilla)
     cached = _cache_file(df, arguments)
@@ -324,10 +344,10 @@ def _fit(df, restarts, seed, fix, bootstrap, boot_restarts, per_r, polish, chinc
                 lo, hi = np.percentile(nat[:, i], [2.5, 97.5])
                 res.ci[name] = (float(lo), float(hi))
     if per_r:
-        for r in sorted(df["r"].unique()):
+        for r in sorted(df["r"].unique()):   # (the table's datasets were checked above)
             sub = df[df["r"] == r].reset_index(drop=True)
             res.per_r[float(r) if r % 1 else int(r)] = fit(sub, restarts=restarts, seed=seed, fix=fix,
-                                                          polish=polish, chinchilla=True)
+                                                          polish=polish, chinchilla=True, allow_mixed_data=True)
     res.seconds = time.perf_counter() - t0
     return res
 

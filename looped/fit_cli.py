@@ -1,9 +1,9 @@
 """`looped fit`: the command line of `looped.fit`.
 
 It fits what it is given and says so: files of a folder it left out (and why) go to stderr, a
-table with the same run twice or with several studies is refused unless asked for, and a fixed
-value outside the fitting box is refused (the solver would clamp it).  Every refusal is one line
-``looped fit: error: ...`` and exit code 2.
+table with the same run twice, with several studies or with runs of several datasets (two
+corpora) is refused unless asked for, and a fixed value outside the fitting box is refused (the
+solver would clamp it).  Every refusal is one line ``looped fit: error: ...`` and exit code 2.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import math
 import sys
 import warnings
 
-from .fit import FIX_KEYS, REQUIRED, SkippedRecords, _parse_fix, at_bounds, fit, format_result, load_runs
+from .fit import FIX_KEYS, REQUIRED, SkippedRecords, _parse_fix, at_bounds, fit, format_result, load_runs, mixed_data
 from .io import add_json_option, destination_error, write_json
 from .law import FitError
 from .solver import HI, LAW_PARAMS, LO
@@ -79,6 +79,11 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--study", help="only the runs of this study (the table's study column)")
     ap.add_argument("--mixed-studies", action="store_true",
                     help="fit the runs of several studies as one law (refused without it)")
+    ap.add_argument("--dataset", help="only the runs trained on this dataset (the table's dataset column, e.g. "
+                                      "prose-bpe2048-T128)")
+    ap.add_argument("--allow-mixed-data", action="store_true",
+                    help="fit runs trained on several datasets (the table's dataset column) as one law (refused "
+                         "without it)")
     ap.add_argument("--allow-duplicates", action="store_true",
                     help="keep a run that appears more than once (counted once per appearance; refused without it)")
     return ap
@@ -97,13 +102,17 @@ def _runs(a):
     for w in caught:
         if issubclass(w.category, SkippedRecords):
             print(f"looped fit: warning: {w.message}", file=sys.stderr)
-    if a.study is not None:
-        if "study" not in df.columns:
-            raise FitError(f"--study {a.study}: the runs have no study column")
-        df = df[df["study"].astype(str) == a.study].reset_index(drop=True)
-        if not len(df):
-            raise FitError(f"--study {a.study}: no runs of that study")
-    elif "study" in df.columns and df["study"].nunique() > 1 and not a.mixed_studies:
+    for column, value in (("study", a.study), ("dataset", a.dataset)):   # --study NAME, --dataset NAME
+        if value is not None:
+            if column not in df.columns:
+                raise FitError(f"--{column} {value}: the runs have no {column} column")
+            df = df[df[column].astype(str) == value].reset_index(drop=True)
+            if not len(df):
+                raise FitError(f"--{column} {value}: no runs of that {column}")
+    why = mixed_data(df)   # before the studies: two corpora is the graver mix
+    if why and not a.allow_mixed_data:
+        raise FitError(f"{why}: pass --dataset NAME to fit one, or --allow-mixed-data to fit them as one law")
+    if a.study is None and "study" in df.columns and df["study"].nunique() > 1 and not a.mixed_studies:
         counts = df["study"].astype(str).value_counts().sort_index()
         raise FitError(f"the runs belong to {len(counts)} studies ({', '.join(f'{k} {v}' for k, v in counts.items())}):"
                        " pass --study NAME to fit one, or --mixed-studies to fit them as one law")
@@ -115,7 +124,8 @@ def _runs(a):
 
 def main(argv=None) -> int:
     """`looped fit PATH [--restarts 500] [--seed 0] [--fix phi=0.5 ...] [--bootstrap B] [--per-r]
-    [--json [PATH|-]] [--study NAME] [--mixed-studies] [--allow-duplicates]`."""
+    [--json [PATH|-]] [--study NAME] [--mixed-studies] [--dataset NAME] [--allow-mixed-data]
+    [--allow-duplicates]`."""
     try:
         a = _parser().parse_args(argv)
         for flag, value, low in (("--restarts", a.restarts, 1), ("--seed", a.seed, 0),
@@ -131,7 +141,8 @@ def main(argv=None) -> int:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")   # validate_runs already printed them to stderr
             res = fit(df, restarts=a.restarts, seed=a.seed, fix=fix, bootstrap=a.bootstrap,
-                      boot_restarts=None if a.boot_restarts < 0 else a.boot_restarts, per_r=a.per_r)
+                      boot_restarts=None if a.boot_restarts < 0 else a.boot_restarts, per_r=a.per_r,
+                      allow_mixed_data=a.allow_mixed_data)
     except FitError as e:
         print(f"looped fit: error: {str(e).splitlines()[0] if str(e) else 'bad input'}", file=sys.stderr)
         return 2
