@@ -81,6 +81,9 @@ PRESETS = {
     # d = 8 s with head_dim 8 (at least two heads from d = 16), a 2048-token BPE, T 128, 2048
     # tokens per step (studies prose-batch and prose-lr chose the batch and lr_scale 1.4).
     "prose": Preset("prose", 8, 8, 8, 1, 1, 8, 128, 2048, 64, 2_048, 8, 131_072, lr_scale=1.4),
+    # The same model family and recipe on corpus v3 (durable Debian sources only, `make corpus`):
+    # the second study, which anyone can rebuild (prose's corpus v2 needs an archive PyPI dropped).
+    "prose3": Preset("prose3", 8, 8, 8, 1, 1, 8, 128, 2048, 64, 2_048, 8, 131_072, lr_scale=1.4),
     # A toy preset for unit tests: a forward+backward takes milliseconds.
     "tiny": Preset("tiny", 8, 16, 16, 1, 1, 8, 32, 256, 64, 256, 4, 4_096),
 }

