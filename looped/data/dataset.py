@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
-import hashlib
 import importlib.metadata
 import json
 import os
@@ -39,7 +38,7 @@ import numpy as np
 from ..config import REPO, DataError, Preset, get_preset
 from . import corpus
 from .corpus import fineweb_texts, is_val_text, paragraphs, shakespeare_plays
-from .packing import pack, read_shard, write_shard
+from .packing import files_digest, pack, read_shard, verify_manifest, write_shard
 from .tokenizers import check_llama2, gpt2_tiktoken, hf_tokenizer, load_tokenizer, train_bpe
 
 RECIPE = 1            # bump when documents/tokenizer/packing change: cached dirs get rebuilt
@@ -240,24 +239,6 @@ def _build_fineweb(out: Path, p: Preset, buffer_size: int, source, tokenizer, ma
     return {"corpus": "fineweb-edu", "source": described,
             "val_rule": "crc32(text) % 1000 < 10", "tokenizer": tok.provenance, "bos_id": tok.bos_id,
             "vocab_size": tok.vocab_size, "splits": splits}
-
-
-def files_digest(files: dict[str, str]) -> str:
-    """One sha256 for a dataset's tokenizer and shards (its files' sha256, by name): what a run
-    record and the committed manifest name it by."""
-    return hashlib.sha256("".join(f"{k} {v}\n" for k, v in sorted(files.items())).encode()).hexdigest()
-
-
-def verify_manifest(meta: dict, manifest: Path) -> str:
-    """Compare a built dataset with its committed manifest (runs/<dataset>.json); one line."""
-    want = json.loads(manifest.read_text())
-    if want.get("digest") == meta.get("digest"):
-        return f"identical to the committed manifest {manifest.name} (digest {meta['digest'][:16]})"
-    bad = sorted(k for k in set(want.get("files", {})) | set(meta.get("files", {}))
-                 if want.get("files", {}).get(k) != meta.get("files", {}).get(k))
-    raise DataError(f"this build differs from the committed manifest {manifest.name} (digest "
-                    f"{str(meta.get('digest'))[:16]}, committed {str(want.get('digest'))[:16]}; "
-                    f"files {', '.join(bad[:4])})")
 
 
 @contextlib.contextmanager

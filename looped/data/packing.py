@@ -7,6 +7,8 @@ damaged or foreign file is refused rather than trained on.
 from __future__ import annotations
 
 import bisect
+import hashlib
+import json
 import os
 import struct
 import zlib
@@ -147,3 +149,21 @@ def read_shard(path: str | os.PathLike, verify: bool = True) -> tuple[np.ndarray
     if verify and zlib.crc32(data) != crc:
         raise DataError(f"{path}: checksum mismatch (corrupt payload)")
     return data, {"n_tokens": n_tokens, "row_len": row_len, "vocab_size": vocab, "crc32": crc}
+
+
+def files_digest(files: dict[str, str]) -> str:
+    """One sha256 for a dataset's tokenizer and shards (its files' sha256, by name): what a run
+    record and the committed manifest name it by."""
+    return hashlib.sha256("".join(f"{k} {v}\n" for k, v in sorted(files.items())).encode()).hexdigest()
+
+
+def verify_manifest(meta: dict, manifest: Path) -> str:
+    """Compare a built dataset with its committed manifest (runs/<dataset>.json); one line."""
+    want = json.loads(manifest.read_text())
+    if want.get("digest") == meta.get("digest"):
+        return f"identical to the committed manifest {manifest.name} (digest {meta['digest'][:16]})"
+    bad = sorted(k for k in set(want.get("files", {})) | set(meta.get("files", {}))
+                 if want.get("files", {}).get(k) != meta.get("files", {}).get(k))
+    raise DataError(f"this build differs from the committed manifest {manifest.name} (digest "
+                    f"{str(meta.get('digest'))[:16]}, committed {str(want.get('digest'))[:16]}; "
+                    f"files {', '.join(bad[:4])})")

@@ -13,6 +13,7 @@ show is in `looped.studies.iso_flop`.
 """
 from __future__ import annotations
 
+import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,8 @@ import numpy as np
 import pandas as pd
 
 from .. import accounting as acc
-from ..config import REPO, Preset
+from ..config import REPO, Preset, get_preset
+from ..data.dataset import dataset_name
 from ..data.packing import TOKEN_DTYPE
 from ..fit import REQUIRED, load_runs
 from ..memory import GPU_SPECS
@@ -208,10 +210,6 @@ def data_margin(preset: str, manifest: Path | None = None) -> dict:
     """How far the training split of a preset's dataset outlasts the longest planned run of its
     studies: runs never repeat data.  ``manifest`` is the dataset's meta.json (default the
     committed runs/<dataset>.json)."""
-    import json
-
-    from ..data.dataset import dataset_name
-    from ..config import get_preset
     name = dataset_name(get_preset(preset))
     meta = json.loads(Path(manifest or REPO / "runs" / f"{name}.json").read_text())
     names = [n for n, (_, _, p) in STUDIES.items() if p == preset]
