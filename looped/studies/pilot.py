@@ -47,20 +47,23 @@ def pilot_optima(study: str = "prose-pilot", runs_dir=None, tokens_per_param=(10
     return pd.DataFrame(rows)
 
 
-def lr_sweep(study: str = "prose-lr", runs_dir=None, tolerance: float = 0.01) -> pd.DataFrame:
-    """Per r: the final loss at each multiplier of HyperP's transferred learning rates, the best
-    multiplier, whether multiplier 1 (the transfer as the paper states it) is within `tolerance`
-    nats of the best, and the gap at the study preset's default multiplier (`Preset.lr_scale`,
-    which an LR sweep that finds the transfer off re-bases)."""
+def lr_sweep(study: str = "prose-lr", runs_dir=None, tolerance: float = 0.01, by=("r",)) -> pd.DataFrame:
+    """Per r (or per configuration, ``by=("budget", "r", "s")``): the final loss at each multiplier
+    of HyperP's transferred learning rates, the best multiplier, whether multiplier 1 (the transfer
+    as the paper states it) is within `tolerance` nats of the best, and the gap at the study
+    preset's default multiplier (`Preset.lr_scale`, which an LR sweep that finds the transfer off
+    re-bases)."""
     handle = Study(study, runs_dir)
     default = handle.preset.lr_scale if handle.preset else 1.0
     rec = handle.records(ok=True)
     rows = []
-    for r, g in rec.groupby("r", sort=True):
+    for key, g in rec.groupby(list(by), sort=True):
+        key = dict(zip(by, key if isinstance(key, tuple) else (key,)))
         by_lr = g.groupby("lr_scale").loss.mean().sort_index()
         best = float(by_lr.idxmin())
         at_one = float(by_lr.get(1.0, np.nan))
-        rows.append(dict(r=int(r), **{f"lr x{m:g}": v for m, v in by_lr.items()}, best_multiplier=best,
+        rows.append(dict(**{k: int(v) if k in ("r", "s") else v for k, v in key.items()},
+                         **{f"lr x{m:g}": v for m, v in by_lr.items()}, best_multiplier=best,
                          gap_at_1=at_one - float(by_lr.min()), transfer_ok=bool(at_one - by_lr.min() <= tolerance),
                          preset_multiplier=default,
                          gap_at_preset=float(by_lr.get(default, np.nan)) - float(by_lr.min())))
