@@ -197,3 +197,11 @@ def test_readme_composition_table_is_the_committed_csv():
         assert (f"| {r['source']} | `{r['package']}` {r['version']} | {r['kind']} | {int(r['words']) / 1e6:.2f}M | "
                 f"{int(r['tokens']) / 1e6:.2f}M | {100 * float(r['token_share']):.1f}% |") in readme, r["source"]
     assert max(float(r["token_share"]) for r in rows) < 0.25  # no source above a quarter of the tokens
+
+
+def test_a_source_gone_from_debian_says_what_works_instead(tmp_path):
+    s, _ = html_source(tmp_path / "mirror")
+    with pytest.raises(S.SourceError) as e:
+        S.fetch([s], tmp_path / "src", verbose=False, index=S.parse_index(""))
+    msg = str(e.value)
+    assert "no longer in Debian trixie" in msg and s.filename in msg and "pinned digest" in msg and "\n" not in msg

@@ -209,13 +209,15 @@ def fetch(sources, dest: str | os.PathLike | None = None, verbose: bool = True, 
             index = packages_index(s.suite) if index is None else index
             d = locate(s, index)
             if d is None:
-                raise SourceError(f"{s.name}: {s.package} {s.version} is no longer in Debian {s.suite}; "
-                                  "its text cannot be fetched")
+                raise SourceError(f"{s.name}: {s.package} {s.version} is no longer in Debian {s.suite}: put a saved "
+                                  f"copy of {s.filename} (sha256 {s.sha256[:12]}…) in {dest}, or any version of "
+                                  f"{s.package} whose text has the pinned digest")
             name = d["Filename"].rsplit("/", 1)[-1]
             try:
                 _download_url(f"{MIRROR}/{d['Filename']}", dest / name, d["SHA256"])
             except OSError as e:
-                raise SourceError(f"cannot download {d['Filename']} ({e})") from None
+                raise SourceError(f"cannot download {MIRROR}/{d['Filename']} ({e}); rerun `make corpus` when "
+                                  "the mirror answers, or set LOOPED_DEBIAN_MIRROR to another Debian mirror") from None
             if name != s.filename or d["SHA256"] != s.sha256:
                 subs[s.filename] = {"filename": name, "version": d["Version"], "sha256": d["SHA256"]}
                 (dest / SUBSTITUTES).write_text(json.dumps(subs, indent=1) + "\n")
