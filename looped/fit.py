@@ -29,8 +29,9 @@ import scipy
 from . import records
 from .io import atomic_write_bytes
 from .law import FitError, Law
+from .mapping import Mapping
 from .resample import cell_resample, cells
-from .solver import HI, LAW_PARAMS, LO, THETA_PARAMS, RunArrays, law_loss, random_starts, solve_restarts
+from .solver import LAW_PARAMS, THETA_PARAMS, RunArrays, law_loss, random_starts, solve_restarts
 
 REQUIRED = ("r", "n_once", "n_rec", "tokens", "loss")
 
@@ -160,7 +161,9 @@ def mixed_data(df) -> str | None:
 class FitResult:
     """A fitted law.  A, B, E in natural units (A = exp(a), ...); phi is None for a Chinchilla
     fit (no run with r > 1 and n_rec > 0, or a per-r fit).  huber is the summed objective at
-    the optimum; ci maps each free parameter to its bootstrap (2.5%, 97.5%) percentiles."""
+    the optimum; ci maps each free parameter to its bootstrap (2.5%, 97.5%) percentiles.  mapping: how
+    r counts (`looped.mapping`), its parameters in mapping_params (the bounded and free mappings have
+    phi None and no `law`; `predict` and `phi_equivalent` work for every mapping)."""
     A: float
     alpha: float
     B: float
@@ -180,23 +183,45 @@ class FitResult:
     per_r: dict = field(default_factory=dict)
     seconds: float = 0.0
     boot_samples: np.ndarray | None = field(default=None, repr=False)
+    mapping: str = "power"
+    mapping_params: dict = field(default_factory=dict)
+    boot_theta: np.ndarray | None = field(default=None, repr=False)   # the resamples' solver coordinates
 
     @property
     def law(self) -> Law:
         """The fitted law (for `looped.law`'s predictions and frontiers)."""
+        if self.mapping in ("bounded", "free"):
+            raise FitError(f"a fit with the {self.mapping} mapping is no r^phi law: use its predict(df)")
         return Law(self.A, self.alpha, self.B, self.beta, self.E, self.phi)
+
+    def mapping_of(self) -> Mapping:
+        return Mapping.from_params(self.mapping, self.mapping_params)
+
+    def predict(self, df, theta=None) -> np.ndarray:
+        """Loss (nats) of every run of df under the fit (or at solver coordinates `theta`, e.g. a
+        resample's `boot_theta` row); FitError for an r the free mapping has no phi for."""
+        mp = self.mapping_of()
+        if mp.name == "free" and np.isnan(mp.log_multiplier(df["r"].to_numpy(float), mp.levels)).any():
+            raise FitError(f"the free mapping has a phi for r in {list(mp.levels)} only")
+        data = mp.design(RunArrays.from_frame(df, chinchilla=self.kind == "chinchilla"))
+        return law_loss(np.asarray(self.theta if theta is None else theta, float), data)
+
+    def phi_equivalent(self, r) -> np.ndarray:
+        """The phi with r^phi = the fitted multiplier m(r) (r > 1)."""
+        return self.mapping_of().phi_equivalent(r, np.asarray(self.theta[5:], float))
 
     @property
     def free(self) -> list[str]:
-        out = [p for p in LAW_PARAMS if p not in self.fixed]
-        return [p for p in out if not (p == "phi" and self.phi is None)]
+        out = [p for p in (*LAW_PARAMS[:5], *self.mapping_of().names) if p not in self.fixed]
+        return [p for p in out if not (p == "phi" and self.phi is None and self.mapping == "power")]
 
     def to_dict(self) -> dict:
         d = {k: getattr(self, k) for k in (*LAW_PARAMS, "r2", "huber", "n_runs", "restarts", "kind", "seed",
-                                             "bootstrap", "seconds")}
+                                             "bootstrap", "seconds", "mapping")}
+        d["mapping_params"] = {k: float(v) for k, v in self.mapping_params.items()}
         d["fixed"] = dict(self.fixed)
         d["ci"] = {k: [float(v[0]), float(v[1])] for k, v in self.ci.items()}
-        d["theta"] = dict(zip(THETA_PARAMS, map(float, self.theta)))
+        d["theta"] = dict(zip((*THETA_PARAMS[:5], *self.mapping_of().coordinates), map(float, self.theta)))
         if self.per_r:
             d["per_r"] = {str(k): v.to_dict() for k, v in self.per_r.items()}
         return {k: (float(v) if isinstance(v, np.floating) else v) for k, v in d.items()}
@@ -260,7 +285,7 @@ def _cache_file(df, arguments: dict) -> Path | None:
 
 def fit(df, restarts: int = 500, seed: int = 0, fix: dict | None = None, bootstrap: int = 0,
         boot_restarts: int | None = None, per_r: bool = False, polish: int = 3,
-        chinchilla: bool | None = None, allow_mixed_data: bool = False) -> FitResult:
+        chinchilla: bool | None = None, allow_mixed_data: bool = False, mapping: str = "power") -> FitResult:
     """Fit the joint law to a runs table with the paper's protocol (the solver: `looped.solver`).
 
     restarts: random starts (uniform in the box, numpy Generator seeded by `seed`);
@@ -271,6 +296,8 @@ def fit(df, restarts: int = 500, seed: int = 0, fix: dict | None = None, bootstr
     at the full-data optimum and the full fit's other distinct local minima plus k random
     starts (faster, an approximation); per_r: also fit a Chinchilla law per r (`per_r` dict);
     chinchilla: force (True) or forbid (False) the Chinchilla law; default: automatic.
+    mapping: how r counts in N_eff (`looped.mapping`): 'power' (the paper's r^phi), 'linear' (phi = 1),
+    'bounded' (1 + k1 (1 - exp(-(r - 1) / k2))) or 'free' (one phi per r); same objective, box and bootstrap.
     A table whose ``dataset`` column names several datasets (runs of two corpora) is refused with a
     FitError (`mixed_data`) unless `allow_mixed_data`.
     With $LOOPED_FIT_CACHE set, a fit already made with the same runs and arguments is reused.
@@ -280,7 +307,7 @@ def fit(df, restarts: int = 500, seed: int = 0, fix: dict | None = None, bootstr
     if why:
         raise FitError(f"{why}: fit one dataset's runs, or pass allow_mixed_data=True to fit them as one law")
     arguments = dict(restarts=restarts, seed=seed, fix=fix, bootstrap=bootstrap, boot_restarts=boot_restarts,
-                     per_r=per_r, polish=polish, chinchilla=chinchilla)
+                     per_r=per_r, polish=polish, chinchilla=chinchilla, mapping=mapping)
     cached = _cache_file(df, arguments)
     if cached is not None:
         try:
@@ -293,39 +320,47 @@ def fit(df, restarts: int = 500, seed: int = 0, fix: dict | None = None, bootstr
     return res
 
 
-def _fit(df, restarts, seed, fix, bootstrap, boot_restarts, per_r, polish, chinchilla) -> FitResult:
+def _fit(df, restarts, seed, fix, bootstrap, boot_restarts, per_r, polish, chinchilla, mapping) -> FitResult:
     t0 = time.perf_counter()
     if chinchilla is None:
         chinchilla = is_chinchilla(df)
+    mp = Mapping.of("power" if chinchilla else mapping, df["r"])
     fixed = _parse_fix(fix)
     if chinchilla:
         fixed = {i: v for i, v in fixed.items() if i != 5}
         fixed[5] = 0.0
-    free = np.ones(6, bool)
+    if mp.name != "power" and 5 in fixed:
+        raise FitError(f"phi cannot be fixed in the {mp.name} mapping (the linear mapping is phi = 1)")
+    fixed.update(mp.fixed)
+    lo, hi = mp.box()
+    free = np.ones(len(lo), bool)
     free[list(fixed)] = False
     k = int(free.sum())
     if len(df) < k + 1:
         raise FitError(f"too few runs to fit: {len(df)} run(s) for {k} free parameters (need at least {k + 1})")
     if restarts < 1:
         raise FitError("restarts must be at least 1")
-    data = RunArrays.from_frame(df, chinchilla=chinchilla)
+    data = mp.design(RunArrays.from_frame(df, chinchilla=chinchilla))
     ss = np.random.SeedSequence(seed)
     rng_starts, rng_boot, rng_bstarts = (np.random.default_rng(s) for s in ss.spawn(3))
-    starts = random_starts(rng_starts, restarts, fixed)
-    ((theta, fbest, minima),) = solve_restarts(data, starts, free, polish=polish)
-    params = Law.from_theta(theta, chinchilla).to_dict()
+    starts = random_starts(rng_starts, restarts, fixed, lo, hi)
+    ((theta, fbest, minima),) = solve_restarts(data, starts, free, polish=polish, lo=lo, hi=hi)
+    params = Law.from_theta(theta, chinchilla or mp.name in ("bounded", "free")).to_dict()
+    names = (*LAW_PARAMS[:5], *mp.names)
     res = FitResult(**params, r2=_r2(theta, data), huber=fbest, n_runs=len(df), restarts=restarts,
                     kind="chinchilla" if chinchilla else "joint",
-                    fixed={LAW_PARAMS[i]: (math.exp(v) if i in (0, 2, 4) else v)
+                    fixed={names[i]: (math.exp(v) if i in (0, 2, 4) else v)
                            for i, v in fixed.items() if not (chinchilla and i == 5)},
-                    seed=seed, bootstrap=bootstrap, theta=tuple(map(float, theta)))
+                    seed=seed, bootstrap=bootstrap, theta=tuple(map(float, theta)), mapping=mp.name,
+                    mapping_params=dict(zip(mp.names, map(float, mp.natural(theta[5:])))))
     if bootstrap > 0:
         W = bootstrap_weights(df, rng_boot, bootstrap)
         if boot_restarts is None:   # the literal protocol: `restarts` random starts per resample
-            blocks = [random_starts(rng_bstarts, restarts, fixed) for _ in range(bootstrap)]
+            blocks = [random_starts(rng_bstarts, restarts, fixed, lo, hi) for _ in range(bootstrap)]
         else:                       # warm starts + boot_restarts random starts
             warm = np.vstack([theta[None, :], minima[:10]])
-            blocks = [np.vstack([warm, random_starts(rng_bstarts, boot_restarts, fixed)]) for _ in range(bootstrap)]
+            blocks = [np.vstack([warm, random_starts(rng_bstarts, boot_restarts, fixed, lo, hi)])
+                      for _ in range(bootstrap)]
         per = len(blocks[0])
         chunk = max(1, int(BOOT_CHUNK // (per * len(df))))
         thetas = []
@@ -333,13 +368,15 @@ def _fit(df, restarts, seed, fix, bootstrap, boot_restarts, per_r, polish, chinc
             c1 = min(bootstrap, c0 + chunk)
             st = np.vstack(blocks[c0:c1])
             grp = np.repeat(np.arange(c1 - c0), per)
-            sols = solve_restarts(data, st, free, weights=W[c0:c1][grp], group=grp, n_groups=c1 - c0, polish=1)
+            sols = solve_restarts(data, st, free, weights=W[c0:c1][grp], group=grp, n_groups=c1 - c0, polish=1,
+                                  lo=lo, hi=hi)
             thetas += [s[0] for s in sols]
         T = np.array(thetas)
         nat = T.copy()
         nat[:, [0, 2, 4]] = np.exp(nat[:, [0, 2, 4]])
-        res.boot_samples = nat
-        for i, name in enumerate(LAW_PARAMS):
+        nat[:, 5:] = mp.natural(nat[:, 5:])
+        res.boot_samples, res.boot_theta = nat, T
+        for i, name in enumerate(names):
             if free[i]:
                 lo, hi = np.percentile(nat[:, i], [2.5, 97.5])
                 res.ci[name] = (float(lo), float(hi))
@@ -355,23 +392,25 @@ def _fit(df, restarts, seed, fix, bootstrap, boot_restarts, per_r, polish, chinc
 def at_bounds(res, tol: float = 1e-6) -> list:
     """Names of the free parameters of a fit that ended on the edge of the search box (the
     optimum lies outside the box; such a value is a bound, not an estimate)."""
-    th = np.asarray(res.theta, float)
-    if th.size != len(LAW_PARAMS):
+    th, mp = np.asarray(res.theta, float), res.mapping_of()
+    lo, hi = mp.box()
+    if th.size != len(lo):
         return []
-    return [p for i, p in enumerate(LAW_PARAMS)
-            if p in res.free and (abs(th[i] - LO[i]) < tol or abs(th[i] - HI[i]) < tol)]
+    return [p for i, p in enumerate((*LAW_PARAMS[:5], *mp.names))
+            if p in res.free and (abs(th[i] - lo[i]) < tol or abs(th[i] - hi[i]) < tol)]
 
 
 def format_result(res: FitResult) -> str:
     """A readable table: parameter, value, bootstrap interval (when there is one)."""
     lines = [f"{res.kind} law fit: {res.n_runs} runs, {res.restarts} restarts, seed {res.seed}"
-             + (f", {res.bootstrap} bootstrap resamples" if res.bootstrap else "")]
+             + (f", {res.bootstrap} bootstrap resamples" if res.bootstrap else "")
+             + (f", mapping {res.mapping}" if res.mapping != "power" else "")]
     head = f"  {'param':<6} {'value':>12}"
     if res.ci:
         head += f" {'2.5%':>12} {'97.5%':>12}"
     lines.append(head)
-    for name in LAW_PARAMS:
-        v = getattr(res, name)
+    for name in (*LAW_PARAMS[:5], *res.mapping_of().names):
+        v = getattr(res, name) if name in LAW_PARAMS else res.mapping_params[name]
         if v is None:
             lines.append(f"  {name:<6} {'n/a':>12}   (not identifiable: no looped runs)")
             continue

@@ -54,7 +54,9 @@ class RunArrays:
 
     theta = (a, alpha, b, beta, e, c_1..c_k, o_1..o_m).  The paper's law is Z = log r (k = 1,
     c = phi) and no offsets; `design` builds the variants: several phis (phi_i = X_i . c), a free
-    log kappa (a column of ones in Z), log-loss offsets (columns of S)."""
+    log kappa (a column of ones in Z), log-loss offsets (columns of S).  A `link` replaces Z . c by a
+    nonlinear log multiplier (`looped.mapping`'s bounded mapping): called with c (P, k), it returns
+    that log multiplier (P, n), its k first derivatives and k x k second derivatives ((P, n) each)."""
     n_once: np.ndarray
     n_rec: np.ndarray
     logr: np.ndarray
@@ -63,6 +65,7 @@ class RunArrays:
     loss: np.ndarray
     Z: np.ndarray | None = None     # (n, k): d log(multiplier of N_rec) / d c
     S: np.ndarray | None = None     # (n, m): log-loss offset (shift) columns
+    link: object | None = None      # a nonlinear log multiplier in place of Z . c (its `k` coordinates)
 
     def __post_init__(self):
         self.Z = self.logr[:, None] if self.Z is None else np.asarray(self.Z, float).reshape(len(self.logr), -1)
@@ -76,8 +79,13 @@ class RunArrays:
         return dataclasses.replace(self, Z=Z, S=offsets)
 
     @property
+    def k(self) -> int:
+        """How many coordinates c the multiplier of N_rec has."""
+        return self.Z.shape[1] if self.link is None else self.link.k
+
+    @property
     def n_params(self) -> int:
-        return 5 + self.Z.shape[1] + self.S.shape[1]
+        return 5 + self.k + self.S.shape[1]
 
     @classmethod
     def from_frame(cls, df, chinchilla: bool = False) -> "RunArrays":
@@ -107,8 +115,9 @@ def objective_reference(theta, data: RunArrays, delta: float = HUBER_DELTA) -> f
 def log_law(theta, data: RunArrays) -> np.ndarray:
     """The law's log-loss of every run at one theta (any design of `data`)."""
     th = np.asarray(theta, float)
-    k = data.Z.shape[1]
-    n_eff = data.n_once + np.exp(data.Z @ th[5:5 + k]) * data.n_rec
+    k = data.k
+    ell = data.Z @ th[5:5 + k] if data.link is None else data.link(th[None, 5:5 + k])[0][0]
+    n_eff = data.n_once + np.exp(ell) * data.n_rec
     size, tokens = th[0] - th[1] * np.log(n_eff), th[2] - th[3] * data.logD
     return np.logaddexp(np.logaddexp(size, tokens), th[4]) + data.S @ th[5 + k:]
 
@@ -125,9 +134,13 @@ def objective(theta: np.ndarray, data: RunArrays, weights: np.ndarray | None = N
     ``Huber'(rho)/rho = min(1, delta/abs(rho))``): positive far from the fit, it makes the early
     iterations converge like Gauss-Newton on a weighted least-squares problem.
     """
-    k, m_off = data.Z.shape[1], data.S.shape[1]
+    k, m_off = data.k, data.S.shape[1]
     a, al, b, be, e = (theta[:, i:i + 1] for i in range(5))
-    rp = np.exp(theta[:, 5:5 + k] @ data.Z.T) * data.n_rec          # r^phi N_rec   (P, n)
+    if data.link is None:   # log multiplier Z . c, its derivatives in c (the second ones vanish)
+        ell, dl, d2l = theta[:, 5:5 + k] @ data.Z.T, [data.Z[:, j] for j in range(k)], None
+    else:
+        ell, dl, d2l = data.link(theta[:, 5:5 + k])
+    rp = np.exp(ell) * data.n_rec                                   # r^phi N_rec   (P, n)
     neff = data.n_once + rp
     x = np.log(neff)
     u1 = a - al * x
@@ -152,7 +165,7 @@ def objective(theta: np.ndarray, data: RunArrays, weights: np.ndarray | None = N
     w3 /= tot
     s = c * np.clip(rho, -delta, delta)                             # c * Huber'(rho)
     q = rp / neff
-    xp = [data.Z[:, j] * q for j in range(k)]                      # d x / d c_j
+    xp = [dl[j] * q for j in range(k)]                             # d x / d c_j
     s1, s2, s3 = s * w1, s * w2, s * w3
     g = np.empty(theta.shape)
     g[:, 0] = s1.sum(1)
@@ -195,7 +208,9 @@ def objective(theta: np.ndarray, data: RunArrays, weights: np.ndarray | None = N
         H[:, 0, 5 + i] += -al[:, 0] * sxp
         H[:, 1, 5 + i] += al[:, 0] * (s1 * x * xp[i]).sum(1) - sxp    # J1 part + d2u1/(dalpha dc_i)
         for j in range(i, k):
-            xpp = data.Z[:, i] * xp[j] * (1.0 - q)                      # d2 x / (dc_i dc_j)
+            xpp = dl[i] * xp[j] * (1.0 - q)                             # d2 x / (dc_i dc_j)
+            if d2l is not None:
+                xpp = xpp + q * d2l[i][j]
             H[:, 5 + i, 5 + j] += al[:, 0] ** 2 * (s1 * xp[i] * xp[j]).sum(1) - al[:, 0] * (s1 * xpp).sum(1)
             pairs += [(5 + i, 5 + j)] * (j > i)
         pairs += [(0, 5 + i), (1, 5 + i)]

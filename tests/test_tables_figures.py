@@ -82,7 +82,8 @@ def _case_study(delta_boot, base_E=math.exp(-3), lo_phi=0.5):
     """A CaseStudy with two fake fits whose paired bootstrap differences are `delta_boot`."""
     import numpy as np
 
-    from looped.fit import LO, FitResult
+    from looped.fit import FitResult
+    from looped.solver import LO
     from looped.studies.case_studies import CaseStudy
     cells = pd.DataFrame({"budget": [1e11, 1e11, 3e11], "r": [1, 2, 2]})
 
