@@ -375,10 +375,13 @@ def _fit(df, restarts, seed, fix, bootstrap, boot_restarts, per_r, polish, chinc
         nat = T.copy()
         nat[:, [0, 2, 4]] = np.exp(nat[:, [0, 2, 4]])
         nat[:, 5:] = mp.natural(nat[:, 5:])
+        if mp.name == "free":   # a phi_R whose runs a resample did not draw is not estimated there: NaN
+            nat[:, 5:][W @ data.Z == 0] = np.nan
         res.boot_samples, res.boot_theta = nat, T
         for i, name in enumerate(names):
             if free[i]:
-                lo, hi = np.percentile(nat[:, i], [2.5, 97.5])
+                col = nat[:, i]
+                lo, hi = np.percentile(col[np.isfinite(col)], [2.5, 97.5])
                 res.ci[name] = (float(lo), float(hi))
     if per_r:
         for r in sorted(df["r"].unique()):   # (the table's datasets were checked above)
