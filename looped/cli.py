@@ -23,6 +23,9 @@ COMMANDS = {  # name -> (module, function, one-line help)
     "external": (
         "looped.studies.external", "main", "phi on another lab's looped runs (qlabs scaling-exponents tables)"
     ),
+    "shape": (
+        "looped.studies.shape", "main", "is r^phi the right shape: held-out-r tests of power, linear, bounded, free"
+    ),
 }
 
 

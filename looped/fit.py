@@ -210,6 +210,19 @@ class FitResult:
         """The phi with r^phi = the fitted multiplier m(r) (r > 1)."""
         return self.mapping_of().phi_equivalent(r, np.asarray(self.theta[5:], float))
 
+    def phi_equivalents(self, r_values) -> dict:
+        """{r: {'phi': phi_equivalent(r)} and, with a bootstrap, its 95% percentiles 'lo', 'hi'} for every
+        r > 1 of r_values (none for a Chinchilla fit; the free mapping's from the resamples that drew r)."""
+        mp, out = self.mapping_of(), {}
+        for r in sorted({float(v) for v in np.asarray(r_values, float).ravel() if v > 1}) * (self.kind != "chinchilla"):
+            out[r] = {"phi": float(self.phi_equivalent(r))}
+            if self.boot_theta is not None:
+                boot = (self.boot_samples[:, 5 + mp.levels.index(r)] if mp.name == "free"
+                        else np.array([mp.phi_equivalent(r, th[5:]) for th in self.boot_theta]))
+                boot = boot[np.isfinite(boot)]
+                out[r].update(zip(("lo", "hi"), map(float, np.percentile(boot, [2.5, 97.5]) if len(boot) else ())))
+        return out
+
     @property
     def free(self) -> list[str]:
         out = [p for p in (*LAW_PARAMS[:5], *self.mapping_of().names) if p not in self.fixed]

@@ -15,6 +15,7 @@ import warnings
 from .fit import FIX_KEYS, REQUIRED, SkippedRecords, _parse_fix, at_bounds, fit, format_result, load_runs, mixed_data
 from .io import add_json_option, destination_error, write_json
 from .law import FitError
+from .mapping import MAPPINGS
 from .solver import HI, LAW_PARAMS, LO
 
 
@@ -75,6 +76,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="-1 (default): --restarts random restarts per resample (the paper's protocol); "
                          "k >= 0: warm starts at the full fit's minima plus k random restarts")
     ap.add_argument("--per-r", action="store_true", help="also fit a Chinchilla law per r")
+    ap.add_argument("--mapping", choices=MAPPINGS, default="power",
+                    help="how r counts in N_eff = N_once + m(r) N_rec: power (the paper's r^phi, the default), "
+                         "linear (m = r), bounded (m = 1 + k1 (1 - exp(-(r - 1) / k2))) or free (one phi per r)")
     add_json_option(ap, "the fit")
     ap.add_argument("--study", help="only the runs of this study (the table's study column)")
     ap.add_argument("--mixed-studies", action="store_true",
@@ -142,11 +146,16 @@ def main(argv=None) -> int:
             warnings.simplefilter("ignore")   # validate_runs already printed them to stderr
             res = fit(df, restarts=a.restarts, seed=a.seed, fix=fix, bootstrap=a.bootstrap,
                       boot_restarts=None if a.boot_restarts < 0 else a.boot_restarts, per_r=a.per_r,
-                      allow_mixed_data=a.allow_mixed_data)
+                      allow_mixed_data=a.allow_mixed_data, mapping=a.mapping)
     except FitError as e:
         print(f"looped fit: error: {str(e).splitlines()[0] if str(e) else 'bad input'}", file=sys.stderr)
         return 2
     print(format_result(res), file=sys.stderr if a.json == "-" else sys.stdout)
+    phis = res.phi_equivalents(df["r"])
+    if res.mapping != "power" and phis:   # what each r's multiplier is worth as a power of r
+        print("  phi-equivalent (r^phi = m(r)): " + ", ".join(
+            f"r={r:g} {v['phi']:.4g}" + (f" [{v['lo']:.4g}, {v['hi']:.4g}]" if "lo" in v else "")
+            for r, v in phis.items()), file=sys.stderr if a.json == "-" else sys.stdout)
     for name in at_bounds(res):
         print(f"looped fit: warning: {name} ended on the edge of the fitting box: a bound, not an estimate",
               file=sys.stderr)
@@ -154,7 +163,7 @@ def main(argv=None) -> int:
         print("looped fit: warning: no budget column: the bootstrap resampled runs, not (budget, r) cells",
               file=sys.stderr)
     if a.json is not None:
-        write_json(a.json, res.to_dict())
+        write_json(a.json, dict(res.to_dict(), phi_equivalent={f"{r:g}": v for r, v in phis.items()}))
     return 0
 
 
