@@ -3,7 +3,8 @@ machine has finished (CPU), and GPU-hours at an assumed MFU with the micro-batch
 
 `looped sweep STUDY --dry-run` prints these; chapters use them for the cost of a study.
 
-torch is imported only to read a GPU's free memory, so a dry run starts without it.
+torch is imported only to read a GPU's free memory, so a dry run starts without it, and the
+GPU estimate of a base install (no torch) assumes a GPU as one without a visible GPU does.
 """
 from __future__ import annotations
 
@@ -55,8 +56,12 @@ DEFAULT_GPU_MFU = 0.35
 
 
 def detect_gpu() -> tuple[str, float, float] | None:
-    """(name, spec peak, total memory) of the visible CUDA device; None without one."""
-    import torch
+    """(name, spec peak, total memory) of the visible CUDA device; None without one (or without
+    torch: a base install, `pip install looped`, sees no GPU)."""
+    try:
+        import torch
+    except ModuleNotFoundError:
+        return None
     if not torch.cuda.is_available():
         return None
     name = torch.cuda.get_device_name(0)

@@ -1,4 +1,4 @@
-"""A sweep runner that survives being killed, its SLURM script and its dry run.
+"""A sweep runner that survives being killed, and its SLURM script (the dry run: `looped.studies.dry_run`).
 
 A sweep runs a named study (`looped.studies.registry`) and writes one JSON record per run into
 its folder.  Restarting skips finished records (ok or diverged), resumes an interrupted run from
@@ -26,8 +26,9 @@ from ..config import REPO, ConfigError, DataError
 from ..io import atomic_write_json
 from ..memory import GPU_SPECS
 from ..options import TrainConfig, add_options, given_options, option_argv
-from ..records import RecordError, read_records, record_status, run_state
-from .cost import DEFAULT_GPU, DEFAULT_GPU_MFU, cpu_estimate, detect_gpu, gpu_plan
+from ..records import RecordError, read_records, record_status
+from .cost import DEFAULT_GPU_MFU
+from .dry_run import dry_run, slurm_lines
 from .registry import GRID_COLUMNS, STUDIES, Run, SweepError, load_study
 
 
@@ -235,7 +236,9 @@ def main(argv=None) -> int:
                 passthrough=True)
     d = ap.add_argument_group("--dry-run estimates")
     d.add_argument("--dry-run", action="store_true",
-                   help="list the runs with size, micro-batch, predicted memory and a time estimate")
+                   help="list the runs with size, micro-batch, predicted memory and a time estimate, what the "
+                        "estimate leaves out, and whether each preset's dataset and tokenizer are here (with the "
+                        "command that prepares them); writes nothing (with --slurm: shows the script)")
     d.add_argument("--mfu", type=float, default=None,
                    help=f"assumed MFU: of the GPU's spec peak (default {DEFAULT_GPU_MFU}) or, for CPU "
                         "presets, of the measured matmul peak (default 0.3)")
@@ -298,7 +301,7 @@ def main(argv=None) -> int:
         if a.slurm is not None:
             return _write_slurm(a, runs, out, train_kw)
         if a.dry_run:
-            return _dry_run(a, runs, out, i, n, train_kw.get("micro_batch"))
+            return dry_run(a, runs, out, i, n, train_kw.get("micro_batch"), train_kw)
         if a.reuse:
             missing = [d for d in a.reuse if not Path(d).is_dir()]
             if missing:
@@ -342,11 +345,17 @@ def _write_slurm(a, runs: list[Run], out: Path, train_kw: dict) -> int:
                         time_limit=a.time_limit, partition=a.partition, account=a.account,
                         max_parallel=a.max_parallel, log_dir=path.parent.resolve() / "logs",
                         extra_sbatch=a.sbatch)
+    hours = slurm_lines(a, runs, out, a.slurm, train_kw.get("micro_batch"))
+    if a.dry_run:   # show it, write nothing
+        print(f"{text}\n(dry run: {path} not written, nothing submitted)")
+        print("\n".join(hours))
+        return 0
     path.parent.mkdir(parents=True, exist_ok=True)
     (path.parent.resolve() / "logs").mkdir(exist_ok=True)  # Slurm opens --output before the script runs
     path.write_text(text)
     path.chmod(0o755)
     print(f"wrote {path}: {a.slurm} array task(s), records in {out}")
+    print("\n".join(hours))
     if not a.submit:
         print(f"submit with: sbatch {path}")
         return 0
@@ -356,53 +365,3 @@ def _write_slurm(a, runs: list[Run], out: Path, train_kw: dict) -> int:
         raise SweepError(f"cannot run sbatch ({e.strerror}); submit {path} on the cluster's login node") from None
     print(done.stdout.strip() or done.stderr.strip())
     return done.returncode
-
-
-def _dry_run(a, runs: list[Run], out: Path, i: int, n: int, micro_batch: int | None) -> int:
-    import torch
-    mine = [r for k, r in enumerate(runs) if k % n == i]
-    detected = detect_gpu()
-    gpu_mode = a.gpu is not None or detected is not None or any(r.preset.name == "paper" for r in mine)
-    if gpu_mode:
-        if a.gpu is not None:
-            label, (peak, memory_bytes) = a.gpu, GPU_SPECS[a.gpu]
-            source = f"{a.gpu} spec"
-        elif detected is not None:
-            label, peak, _total = detected
-            memory_bytes = memory.device_free_bytes()  # what is free, as the trainer sees it
-            source = "the visible GPU"
-            if peak != peak:  # unknown part: the trainer's denominator, a measured large GEMM
-                from ..runtime import device_peak_flops
-                peak = device_peak_flops(torch.device("cuda"))
-        else:
-            label, (peak, memory_bytes) = DEFAULT_GPU, GPU_SPECS[DEFAULT_GPU]
-            source = f"no GPU visible: {DEFAULT_GPU} assumed"
-        mem = a.device_memory or memory_bytes
-        mfu = a.mfu if a.mfu is not None else DEFAULT_GPU_MFU
-        table = gpu_plan(mine, peak, mfu, mem, a.gpus, micro_batch)
-        table["done"] = [run_state(out, rid) for rid in table.run_id]
-        cols = ["run_id", "budget", "r", "s", "injection", "bptt_k", "d_model", "n", "tokens", "steps",
-                "micro_batch", "mem_GB", "gpu_hours", "done"]
-        with pd.option_context("display.max_rows", 1000, "display.width", 200):
-            print(table[cols].to_string(index=False, float_format="%.4g"))
-        todo = table[~table.done.isin(["ok", "diverged"])]
-        hours = todo.gpu_hours.sum()
-        flops = table.flops_per_token.astype(float).mul(table.tokens.astype(float)).sum()
-        print(f"\n{len(table)} runs ({len(todo)} to do), {flops:.3g} FLOPs; "
-              f"ESTIMATE {hours:.1f} GPU-hours left ({hours / a.gpus:.1f} h wall on {a.gpus} GPU(s)) on {label} "
-              f"at an assumed {mfu:.0%} MFU of {peak / 1e12:.0f} TFLOP/s dense bf16 ({source}); micro-batch "
-              f"{'fixed' if micro_batch is not None else 'automatic'} for {mem / 1e9:.0f} GB per GPU "
-              f"(peak memory predicted by looped.memory, eager bf16)")
-        return 0
-    from ..runtime import device_peak_flops
-    peak = device_peak_flops(torch.device("cpu"))   # the MFU denominator the trainer records
-    mfu = a.mfu if a.mfu is not None else 0.3
-    est = cpu_estimate(mine, out, peak, mfu, timing_from=a.timing_from, processes=a.processes if n == 1 else 1)
-    table = est["table"]
-    with pd.option_context("display.max_rows", 1000, "display.width", 200):
-        print(table.drop(columns=["n_once", "n_rec"]).to_string(index=False, float_format="%.4g"))
-    wall = (f"; {est['hours_wall']:.2f} h wall on {a.processes} processes (--shard i/{a.processes})"
-            if n == 1 and a.processes > 1 else "")
-    print(f"\n{len(table)} runs ({est['todo']} to do), {est['flops']:.3g} FLOPs; estimated "
-          f"{est['hours']:.2f} h left on one process{wall}, at {est['basis']}")
-    return 0
