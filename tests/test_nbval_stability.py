@@ -1,9 +1,9 @@
 """The nbval checks hold on any machine: a checked cell's output must not move when its inputs move
 by a rounding error, nor when torch runs its plain (non-vectorised) CPU kernels.
 
-Another CPU picks another BLAS kernel and another summation order; that cannot be reproduced
-here without overriding the BLAS library (which the tests must not do), so the property is
-tested directly:
+Another CPU picks another BLAS kernel and another summation order.  `make test-nbval-perturbed`
+reproduces that on one machine (OpenBLAS's kernels chosen by OPENBLAS_CORETYPE, torch's plain
+kernels, one thread, an empty fit cache); here the property is also tested directly:
 
 * every chapter is replayed (tests/nbval_replay.py: its code cells in order, default parameters)
   with each measured loss that enters it multiplied by (1 + 1e-12 u), u ~ U(-1, 1), for several
