@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 
 COMMANDS = {  # name -> (module, function, one-line help)
@@ -27,6 +28,37 @@ COMMANDS = {  # name -> (module, function, one-line help)
         "looped.studies.shape", "main", "is r^phi the right shape: held-out-r tests of power, linear, bounded, free"
     ),
 }
+
+
+# The optional libraries and the extra of pyproject.toml that installs each: `pip install looped` fits,
+# reads and sizes runs without them; a command that needs one says which extra in one line (exit 2).
+EXTRAS = {"torch": "train", "tokenizers": "train", "tqdm": "train",
+          "datasets": "paper", "huggingface_hub": "paper", "pyarrow": "paper", "tiktoken": "paper",
+          "matplotlib": "report", "seaborn": "report"}
+
+
+# Libraries a command needs before it starts, where its own error handling would hide which extra is missing
+REQUIRES = {"data": ("tokenizers",)}
+
+
+def _installed(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def missing_extra(command: str, error: ModuleNotFoundError) -> str | None:
+    """The one-line error for a command that stopped on an optional library that is not installed,
+    or None when the missing module is not one an extra provides."""
+    name = (error.name or "").split(".")[0]
+    if name not in EXTRAS:
+        return None
+    extra = EXTRAS[name]
+    pin = (" (torch==2.13.0, from PyPI the CUDA build; for the CPU build first: pip install torch==2.13.0 "
+           "--index-url https://download.pytorch.org/whl/cpu)" if extra == "train" else "")
+    return (f"looped {command}: error: this needs {name}, which the base install leaves out: "
+            f"pip install 'looped[{extra}]'{pin}")
 
 
 def usage() -> str:
@@ -75,7 +107,19 @@ def main(argv=None) -> int:
         print(f"looped {argv[0]}: error: {error}", file=sys.stderr)
         return 2
     module, func, _ = COMMANDS[argv[0]]
-    return int(getattr(importlib.import_module(module), func)(argv[1:]) or 0)
+    if not {"-h", "--help"} & set(argv[1:]):
+        for name in REQUIRES.get(argv[0], ()):
+            if not _installed(name):
+                print(missing_extra(argv[0], ModuleNotFoundError(name=name)), file=sys.stderr)
+                return 2
+    try:
+        return int(getattr(importlib.import_module(module), func)(argv[1:]) or 0)
+    except ModuleNotFoundError as e:
+        message = missing_extra(argv[0], e)
+        if message is None:
+            raise
+        print(message, file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

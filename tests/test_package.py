@@ -3,10 +3,12 @@
 The slow test builds the wheel from the files the package declares (pyproject.toml, looped/,
 the grids and the paper's tables under runs/), installs it with pip into a fresh venv and runs
 `looped --version`, `looped fit` and `looped sweep gpu-main --dry-run` from a folder outside the
-checkout.  So as not to install torch again, the fresh venv sees the dependencies of .venv through
-a folder of links to every distribution there but looped's own; pip runs with --no-index, so an
-undeclared or unsatisfiable dependency (another torch, say) fails the install instead of being
-downloaded.  About 20-30 s on two cores: marked slow (`pytest -m slow tests/test_package.py`).
+checkout.  The base install has no torch (issue 51: the fitter alone pulled 5.7 GB of CUDA
+torch), so the fresh venv sees the dependencies of .venv through a folder of links to every
+distribution there but looped's own and the [train] extra's (torch, tokenizers, tqdm); pip runs
+with --no-index, so a dependency the base wheel should not have (torch, say) fails the install
+instead of being downloaded, and `looped train` there must name the extra in one line.  About
+20-30 s on two cores: marked slow (`pytest -m slow tests/test_package.py`).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import subprocess
 import sys
 import sysconfig
 import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -61,12 +64,24 @@ def test_metadata_declares_what_the_code_imports():
                     imported.setdefault(mod, set()).add(str(path.relative_to(REPO)))
     for mod, where in imported.items():
         assert mod in runtime | extras, f"{mod} (imported in {where}) is not declared"
-    assert {"numpy", "pandas", "scipy", "torch", "tokenizers", "tqdm"} <= runtime
+    assert runtime == {"numpy", "pandas", "scipy"}   # the base install: fit, read and size runs, no torch
+    assert names(project["optional-dependencies"]["train"]) == {"torch", "tokenizers", "tqdm"}
     assert project["requires-python"] == ">=3.11" and project["license"] == "MIT"
     assert (REPO / "LICENSE").read_text().startswith("MIT License")
     assert "arXiv:2604.21106" in (REPO / "CITATION.cff").read_text()
     torch_pin = next(r for r in (REPO / "requirements.txt").read_text().split() if r.startswith("torch=="))
-    assert torch_pin == "torch==2.13.0" and "torch>=2.13" in project["dependencies"]
+    assert torch_pin == "torch==2.13.0" and torch_pin in project["optional-dependencies"]["train"]
+
+
+def test_the_cli_names_the_extra_of_every_optional_library():
+    """looped.cli.EXTRAS (what a command missing a library tells the user to install) is the extras
+    of pyproject.toml, library by library."""
+    from looped.cli import EXTRAS
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    declared = {re.split(r"[<>=!~;\[ ]", r)[0].lower().replace("-", "_"): extra
+                for extra, reqs in extras.items() for r in reqs}
+    assert EXTRAS == {k: v for k, v in declared.items() if k in EXTRAS}
+    assert {k for k, v in declared.items() if v in ("train", "paper")} <= set(EXTRAS)
 
 
 def _sources(dest: Path) -> Path:
@@ -81,20 +96,35 @@ def _sources(dest: Path) -> Path:
     return dest
 
 
+TRAINING = ("torch", "tokenizers", "tqdm", "triton", "nvidia", "functorch", "torchgen")  # the [train] extra's
+
+
+def _is_training(name: str) -> bool:
+    return name.split("-")[0].split(".")[0].lower().startswith(TRAINING)
+
+
 def _fresh_venv(root: Path) -> Path:
-    """A venv without looped whose python sees this environment's other distributions (links)."""
+    """A venv without looped and without the [train] extra's libraries whose python sees this
+    environment's other distributions (links)."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "env")], check=True, timeout=120)
-    deps = root / "deps"
+    env_python = root / "env" / "bin" / "python"
+    _link(root, env_python, "deps", lambda name: not _is_training(name))
+    return env_python
+
+
+def _link(root: Path, env_python: Path, folder: str, keep) -> None:
+    """Let `env_python` see this environment's distributions whose entry names `keep` accepts
+    (never looped's own), through a folder of links and a .pth file."""
+    deps = root / folder
     deps.mkdir()
     here = Path(sysconfig.get_paths()["purelib"])
     for entry in here.iterdir():
-        if not re.match(r"(__editable__\.?_*looped|looped[-.])", entry.name) and entry.name != "looped":
+        if not re.match(r"(__editable__\.?_*looped|looped[-.])", entry.name) and entry.name != "looped" \
+                and keep(entry.name):
             (deps / entry.name).symlink_to(entry)
-    env_python = root / "env" / "bin" / "python"
     purelib = subprocess.run([str(env_python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              capture_output=True, text=True, check=True).stdout.strip()
-    (Path(purelib) / "_looped_test_deps.pth").write_text(f"{deps}\n")
-    return env_python
+    (Path(purelib) / f"_looped_test_{folder}.pth").write_text(f"{deps}\n")
 
 
 @pytest.mark.slow
@@ -106,6 +136,11 @@ def test_the_wheel_works_outside_the_checkout(tmp_path):
                             str(src), "-w", str(dist)], capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stderr
     (wheel,) = dist.glob("looped-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        metadata = z.read(f"looped-{looped.__version__}.dist-info/METADATA").decode()
+    requires = re.findall(r"^Requires-Dist: (.*)$", metadata, re.M)
+    assert not [r for r in requires if r.startswith("torch") and "extra ==" not in r], requires
+    assert any(r.startswith("torch==2.13.0") and 'extra == "train"' in r for r in requires), requires
     python = _fresh_venv(tmp_path)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "LOOPED_FIT_CACHE", "VIRTUAL_ENV")}
     install = subprocess.run([str(python), "-m", "pip", "install", "--no-index", str(wheel)],
@@ -130,14 +165,12 @@ def test_the_wheel_works_outside_the_checkout(tmp_path):
                             "print(looped.__file__); print(c.CHECKOUT); print(c.REPO)"],
                            cwd=work, capture_output=True, text=True, env=env, check=True).stdout.split("\n")
     assert where[0].startswith(str(tmp_path / "env")) and where[1] == "None" and where[2] == str(work)
-    repo = tmp_path / "a-repository"  # run from inside another git repository: its commit is not ours
-    repo.mkdir()
-    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false", "commit", "-q",
-                    "--allow-empty", "-m", "x"], cwd=repo, check=True)
-    commit = subprocess.run([str(python), "-c", "from looped.runtime import git_commit; print(git_commit())"],
-                            cwd=repo, capture_output=True, text=True, env=env, timeout=300)
-    assert commit.stdout.strip() == "None", commit.stdout + commit.stderr
+    no_torch = subprocess.run([str(python), "-c", "import torch"], capture_output=True, text=True, env=env)
+    assert no_torch.returncode != 0 and "No module named 'torch'" in no_torch.stderr
+    train = subprocess.run([str(bin_ / "looped"), "train", "--preset", "cpu"], cwd=work, capture_output=True,
+                           text=True, timeout=300, env=env)
+    assert train.returncode == 2 and train.stderr.count("\n") == 1, train.stderr
+    assert "pip install 'looped[train]'" in train.stderr
     assert looped_("--version") == f"looped {looped.__version__}\n"
     fitted = looped_("fit", "my_runs.csv", "--restarts", "20")
     assert "joint law fit: 30 runs" in fitted and "phi" in fitted
@@ -146,3 +179,13 @@ def test_the_wheel_works_outside_the_checkout(tmp_path):
     assert "usage: looped bench fit" in looped_("bench", "fit", "--help")   # reads the paper's tables
     assert "usage: looped data" in looped_("data", "--help")                # the looped.data sub-package
     assert sorted(p.name for p in work.iterdir()) == ["my_runs.csv"]          # a dry run writes nothing
+
+    _link(tmp_path, python, "train", _is_training)    # as `pip install 'looped[train]'` would add them
+    repo = tmp_path / "a-repository"  # run from inside another git repository: its commit is not ours
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false", "commit", "-q",
+                    "--allow-empty", "-m", "x"], cwd=repo, check=True)
+    commit = subprocess.run([str(python), "-c", "from looped.runtime import git_commit; print(git_commit())"],
+                            cwd=repo, capture_output=True, text=True, env=env, timeout=300)
+    assert commit.stdout.strip() == "None", commit.stdout + commit.stderr

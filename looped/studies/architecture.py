@@ -3,7 +3,8 @@
 Tables of parameters and FLOPs per (width s, recurrences r), the paper's Table 6 recomputed,
 live models counted against the accounting, and the properties of the initialisation that the
 paper relies on (linear injection ignores r at init; truncated backprop leaves the forward
-pass alone; the cyclic hyperconnection init equals a cumulative additive injection).
+pass alone; the cyclic hyperconnection init equals a cumulative additive injection).  The
+tables need no torch (the book's figures import them); the live checks import it when they run.
 """
 from __future__ import annotations
 
@@ -11,11 +12,9 @@ from dataclasses import replace
 
 import numpy as np
 import pandas as pd
-import torch
 
 from .. import accounting as acc
 from ..config import R_VALUES, get_preset, model_config
-from ..model import LoopedGPT
 from .paper import PAPER_PHI, paper_table
 
 
@@ -78,6 +77,9 @@ def table6_comparison():
 def live_parameter_check(preset: str = "tiny", s: float = 4, r_values=R_VALUES,
                          injections=("linear", "additive", "passthrough", "hyperconnect")):
     """Build each model for real and compare its parameter count with the accounting's N."""
+    import torch
+
+    from ..model import LoopedGPT
 
     rows = []
     torch.manual_seed(0)
@@ -105,7 +107,9 @@ def init_invariance(preset: str = "tiny", s: float = 4, r: int = 4, seed: int = 
     With W = [I | 0] every recurrence reads only e, so all recurrences compute the same thing
     and r is invisible at initialisation.
     """
+    import torch
 
+    from ..model import LoopedGPT
 
     torch.manual_seed(seed)
     cfg = model_config(preset, r=r, s=s, injection="linear")
@@ -126,7 +130,9 @@ def truncation_check(preset: str = "tiny", s: float = 4, r: int = 8, k: int = 4,
     requires grad.  Returns (table with columns step, gets_gradient; the absolute difference
     between the two models' losses, which should be 0: truncation leaves the forward pass alone).
     """
+    import torch
 
+    from ..model import LoopedGPT
 
     torch.manual_seed(seed)
     cfg = model_config(preset, r=r, s=s, bptt_k=k)
@@ -155,6 +161,9 @@ def hyperconnection_check(preset: str = "tiny", s: float = 4, r: int = 4, lanes:
     K (e + s_0 + ... + s_{r-1}).  Returns (table with columns step, reads_lane, max_abs_diff;
     the largest absolute difference between the coda's input and K times e plus all states).
     """
+    import torch
+
+    from ..model import LoopedGPT
 
     torch.manual_seed(seed)
     cfg = model_config(preset, r=r, s=s, injection="hyperconnect", lanes=lanes)
