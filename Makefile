@@ -80,8 +80,9 @@ notebooks: venv  ## regenerate the executed nbval references book/NN_*.ipynb fro
 
 # The minutes-long analyses over the committed runs (about 20 min on two cores, measured 3.7 + 16), then the chapters
 # that read their results: run it when new runs have landed, and commit runs/analysis and book/.
-analysis: venv  ## rerun `looped robustness` and `looped paired`, then regenerate the chapters that read them
+analysis: venv  ## rerun `looped robustness`, `looped misfit` and `looped paired`, then regenerate the chapters that read them
 	$(PY) -m looped robustness --out runs/analysis/robustness.json
+	$(PY) -m looped misfit --out runs/analysis/lack_of_fit.json
 	$(PY) -m looped paired --out runs/analysis/paired.json
 	$(PY) tools/notebooks.py 03_fit 05_truncation 06_hyperconnections 07_what_phi_buys 04_phi_constant appendix_external
 

@@ -18,6 +18,9 @@ COMMANDS = {  # name -> (module, function, one-line help)
         "main",
         "is phi a constant: other forms, drift with compute, lack of fit",
     ),
+    "misfit": (
+        "looped.studies.lack_of_fit", "main", "where the law misses our runs: the ladder of models, phi's anchor"
+    ),
     "paired": (
         "looped.studies.paired_study", "main", "case studies: paired estimators of delta-phi and their simulation"
     ),

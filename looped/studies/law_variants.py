@@ -22,6 +22,7 @@ from ..solver import HI, LO, RunArrays, law_loss, random_starts, solve_restarts
 
 FIVE = ("A", "alpha", "B", "beta", "E")
 LOG_KAPPA_BOX = (-5.0, 5.0)
+LEVEL_BOX = 1.0             # a free log-loss level lies in [-1, 1]
 NAN2 = (math.nan, math.nan)
 
 
@@ -72,19 +73,23 @@ def fit_row(res, df) -> dict:
                 n_runs=len(df), huber=res.huber)
 
 
-def fit_multi(df, X, labels, kappa=False, restarts=64, seed=0, bootstrap=0, boot_restarts=4, fix=None) -> MultiFit:
+def fit_multi(df, X, labels, kappa=False, restarts=64, seed=0, bootstrap=0, boot_restarts=4, fix=None,
+              levels=None) -> MultiFit:
     """Fit L = E + A (N_once + kappa r^(X_i . c) N_rec)^-alpha + B D^-beta (kappa = 1 unless
     `kappa`) from the nested looped.fit optimum (one phi) and `restarts` uniform starts in the
     paper's box (c in phi's box, log kappa in LOG_KAPPA_BOX); each resample from the full-data
-    optimum and `boot_restarts` uniform starts.  fix: some of A, alpha, B, beta, E held."""
+    optimum and `boot_restarts` uniform starts.  fix: some of A, alpha, B, beta, E held.
+    levels: {name: indicator column (n,)}, free log-loss levels (L times exp(level) on its runs,
+    in LEVEL_BOX), e.g. one for the looped runs or one per cell; in `params` as fitted (log)."""
     df, X = check_runs(df, need=()), np.asarray(X, float)
     if len(X) != len(df):   # validate_runs dropped runs (status not ok): X no longer lines up
         raise FitError(f"X has {len(X)} rows for {len(df)} valid runs")
-    X = X.reshape(len(df), -1)
-    d, k = RunArrays.from_frame(df).design(X, kappa), X.shape[1]
-    names = [*FIVE, *labels, *["kappa"] * kappa]
-    lo = np.r_[LO[:5], np.full(k, LO[5]), [LOG_KAPPA_BOX[0]] * kappa]
-    hi = np.r_[HI[:5], np.full(k, HI[5]), [LOG_KAPPA_BOX[1]] * kappa]
+    X, levels = X.reshape(len(df), -1), dict(levels or {})
+    S = np.column_stack([np.asarray(v, float) for v in levels.values()]) if levels else None
+    d, k, m = RunArrays.from_frame(df).design(X, kappa, S), X.shape[1], len(levels)
+    names = [*FIVE, *labels, *["kappa"] * kappa, *levels]
+    lo = np.r_[LO[:5], np.full(k, LO[5]), [LOG_KAPPA_BOX[0]] * kappa, [-LEVEL_BOX] * m]
+    hi = np.r_[HI[:5], np.full(k, HI[5]), [LOG_KAPPA_BOX[1]] * kappa, [LEVEL_BOX] * m]
     fixed = {FIVE.index(n): (math.log(v) if n in ("A", "B", "E") else v) for n, v in (fix or {}).items()}
     free = ~np.isin(np.arange(len(names)), list(fixed))
     rng_s, rng_b, rng_bs = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3))
@@ -93,9 +98,11 @@ def fit_multi(df, X, labels, kappa=False, restarts=64, seed=0, bootstrap=0, boot
     looped = (d.logr > 0) & (d.n_rec > 0)
     nested = fit(df, restarts=max(restarts, 50), seed=seed, fix=fix)
     c = np.linalg.lstsq(X[looped], np.full(looped.sum(), nested.phi), rcond=None)[0]
-    starts = np.vstack([np.r_[nested.theta[:5], c, [0.0] * kappa], random_starts(rng_s, restarts, fixed, **box)])
+    starts = np.vstack([np.r_[nested.theta[:5], c, [0.0] * (kappa + m)], random_starts(rng_s, restarts, fixed, **box)])
     ((theta, f, _),) = solve_restarts(d, starts, free, polish=3, **box)
-    nat = lambda t: np.r_[np.exp(t[0]), t[1], np.exp(t[2]), t[3], np.exp(t[4]), t[5:5 + k], np.exp(t[5 + k:])]  # noqa: E731
+    j = 5 + k + kappa
+    nat = lambda t: np.r_[np.exp(t[0]), t[1], np.exp(t[2]), t[3], np.exp(t[4]), t[5:5 + k],  # noqa: E731
+                          np.exp(t[5 + k:j]), t[j:]]
     ci, n_valid = {}, {}
     if bootstrap:
         W, per = cell_resample(cells(df), rng_b, bootstrap), 1 + boot_restarts

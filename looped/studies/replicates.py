@@ -4,7 +4,10 @@ shift between the data-order protocols.
 Our seed-42 runs read the training rows in a fixed order; their replicates (seeds 43, 44) each
 read the same rows in their own permuted order.  A group for the pure error is therefore one
 configuration under one protocol, so that a systematic difference between the protocols (which
-`protocol_shift` measures) is not counted as noise.  Numbers only.
+`protocol_shift` measures) is not counted as noise.  A configuration includes its tokens: a
+truncated run and its matched-token twin share every other field, and pooling them as replicates
+counted their 1.27x tokens as seed noise.  `pure_error` is the book's one pure error (the main
+fit's design points, every replicate study).  Numbers only.
 """
 from __future__ import annotations
 
@@ -15,7 +18,8 @@ import pandas as pd
 
 from .law_variants import check_runs
 
-CONFIG = ("budget", "r", "s", "injection", "bptt_k")        # a replicate group: same config, other seed
+CONFIG = ("budget", "r", "s", "injection", "bptt_k", "tokens")   # a replicate group: same config, other seed
+REPLICATE_STUDIES = ("prose-seeds", "cpu-replicates", "cpu-order")   # the folders holding replicate runs
 
 
 def _config_key(runs) -> pd.Series:
@@ -56,6 +60,12 @@ def replicate_sd(*tables, design=None) -> dict:
     dof = int((n[n > 1] - 1).sum())
     return dict(seed_sd=math.sqrt(ss / dof) if dof else math.nan, df_pe=dof, n_groups=int((n > 1).sum()),
                 n_replicate_runs=int(n[n > 1].sum()))
+
+
+def pure_error(main, *seed_tables) -> dict:
+    """The pure error the book reads everywhere (lack of fit, pair noise, simulations):
+    `replicate_sd` of the main runs and the replicate tables on the main runs' design points."""
+    return replicate_sd(main, *seed_tables, design=main)
 
 
 def protocol_shift(*tables) -> dict:

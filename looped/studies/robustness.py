@@ -36,7 +36,7 @@ from .law_variants import NAN2, _rmse, check_runs, fit_multi, fit_residuals, fit
 from .paper import PAPER_LAW, design_of, paper_grid, paper_table
 from .phi_drift import add_budgets, phi_vs_compute, power, trend_simulation
 from .registry import STUDIES, load_study
-from .replicates import protocol_shift, replicate_sd, seed_and_order
+from .replicates import REPLICATE_STUDIES, protocol_shift, pure_error, replicate_sd, seed_and_order  # noqa: F401
 
 RESULTS = REPO / "runs" / "analysis" / "robustness.json"   # what `looped robustness` wrote, committed
 HOLDOUT_COLUMNS = ["budget", "n_runs", "mean_error", "rmse", "rmse_over_seed_sd"]
@@ -147,7 +147,7 @@ def goodness_of_fit(df, seed_df=None, restarts=500, seed=0, n_params=6, drift=No
     res = fit(df, restarts=restarts, seed=seed)
     e, n = fit_residuals(res, df), len(df)
     seeds = None if seed_df is None else check_runs(seed_df, need=())
-    rep = replicate_sd(df, seeds, design=df)
+    rep = pure_error(df, seeds)
     var = float(e @ e) / (n - n_params)
     F = var / rep["seed_sd"] ** 2 if rep["df_pe"] else math.nan
     cell_means = pd.Series(e).groupby(cells(df)).mean()
@@ -278,8 +278,7 @@ def run_all(df, seed_df, s: dict, seed=0, drift=None, planned=None) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="looped robustness", description="Robustness studies of phi.")
     ap.add_argument("--runs", default=str(REPO / "runs" / "cpu-main"), help="runs of the main fit (folder or CSV)")
-    replicate_studies = ("prose-seeds", "cpu-replicates", "cpu-order")
-    ap.add_argument("--seeds", nargs="*", default=[str(REPO / "runs" / n) for n in replicate_studies],
+    ap.add_argument("--seeds", nargs="*", default=[str(REPO / "runs" / n) for n in REPLICATE_STUDIES],
                     help="replicate runs (folders or CSVs; absent ones skipped)")
     ap.add_argument("--drift", nargs="*", default=[str(REPO / "runs" / "cpu-drift")],
                     help="runs at further budgets (folders or CSVs; absent or empty ones skipped)")

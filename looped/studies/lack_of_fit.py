@@ -1,0 +1,219 @@
+"""`looped misfit`: where the law misses our runs, and what that leaves of phi.
+
+ladder: the law and freer models, up to a free level for every (budget, r) cell, each fitted by
+the one solver (`looped.fit`, `law_variants.fit_multi`) to the main runs, with its residual SD
+against the book's pure error (`replicates.pure_error`): the lack-of-fit F on (n - p, df_pe), and
+the share of the law's excess sum of squares (above the pure error) each model removes.
+anchors: phi with the plain r = 1 anchor (the paper's construction: plain r = 1 runs beside
+linear-injection looped runs), with one free level for the looped runs, and, at the budgets of
+the linear r = 1 controls, with those controls in place of the plain r = 1 runs.
+conventions: phi on the paper's 24 published minima and on our runs, the LM head uncounted and
+counted in N_once, each fitted the same way on both sides.
+`python -m looped.studies.lack_of_fit --out runs/analysis/lack_of_fit.json`.  Numbers only.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from ..config import REPO, model_config, repo_relative
+from ..fit import FitError, fit, load_runs
+from ..io import atomic_write_json, json_ready
+from ..solver import RunArrays, law_loss
+from .law_variants import NAN2, check_runs, fit_multi, fit_residuals, onehot
+from .paper import PAPER_DIR, runs_from_minima
+from .replicates import REPLICATE_STUDIES, pure_error
+from .robustness import cell_position, count_embeddings
+
+RESULTS = REPO / "runs" / "analysis" / "lack_of_fit.json"   # what `looped misfit` wrote, committed
+LADDER = ("law", "kappa_r_phi", "looped_level", "per_r_phi", "per_budget_phi", "per_r_level", "per_r_laws",
+          "cell_levels")
+# boot_restarts None: `looped.fit`'s literal protocol, as `looped robustness` fits the same runs (the same intervals)
+FULL = dict(restarts=500, multi_restarts=200, bootstrap=200, boot_restarts=None, multi_boot_restarts=8)
+QUICK = dict(restarts=40, multi_restarts=12, bootstrap=12, boot_restarts=2, multi_boot_restarts=2)
+MINIMA_BOOT_RESTARTS = 10   # the paper's minima resampled as chapter 3 fits them (warm starts), so it is that fit
+
+
+def read_results(path=RESULTS) -> dict:
+    """The committed results of `looped misfit`: ladder, anchors, conventions and roles as
+    DataFrames; pure_error and settings as dicts."""
+    raw = json.loads(Path(path).read_text())
+    out = {k: pd.DataFrame(raw[k]) for k in ("ladder", "anchors", "conventions", "roles")}
+    return dict(out, pure_error=raw["pure_error"], settings=raw["settings"])
+
+
+def _levels(mask, names) -> dict:
+    """{name: indicator column}: one free log-loss level per name (mask: (n, k) booleans)."""
+    return {n: np.asarray(mask[:, i], float) for i, n in enumerate(names)}
+
+
+def _multi_resid(df, X, levels, m, kappa=False) -> np.ndarray:
+    """Observed - predicted loss (nats) of a `fit_multi` result."""
+    S = np.column_stack(list(levels.values())) if levels else None
+    d = RunArrays.from_frame(df).design(X, kappa, S)
+    return d.loss - law_loss(m.theta, d)
+
+
+def ladder(df, pe: dict, restarts=500, multi_restarts=200, seed=0) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """One row per model of LADDER: model, n_params, ss (nats^2), resid_sd = sqrt(ss / (n - p)),
+    rmse, F = resid_sd^2 / pure error^2, df1, df2, p_value, excess_share (the share of the law's
+    excess ss, ss - df1 pe^2, that the model removes), phi (NaN where several).  And the mean
+    residual by role in its cell (narrowest, interior, widest) under the law and the cell levels."""
+    df = check_runs(df, need=("budget", "s"))
+    ones, kw = np.ones((len(df), 1)), dict(restarts=multi_restarts, seed=seed)
+    r, looped = df["r"].to_numpy(float), df["r"].to_numpy(float) > 1
+    e, phi, n_params = {}, {}, {}
+
+    def add(name, resid, value, p):
+        e[name], phi[name], n_params[name] = resid, value, p
+
+    def multi(name, X, levels=None, kappa=False, label="phi"):
+        m = fit_multi(df, X, [label] if X.shape[1] == 1 else [f"phi_{i}" for i in range(X.shape[1])], kappa=kappa,
+                      levels=levels, **kw)
+        add(name, _multi_resid(df, X, levels or {}, m, kappa), m.params.get("phi", math.nan),
+            5 + X.shape[1] + kappa + len(levels or {}))
+
+    law = fit(df, restarts=restarts, seed=seed)
+    add("law", fit_residuals(law, df), law.phi, 6)
+    multi("kappa_r_phi", ones, kappa=True)
+    multi("looped_level", ones, {"looped": looped.astype(float)})
+    for name, col in (("per_r_phi", "r"), ("per_budget_phi", "budget")):
+        multi(name, onehot(df[col], sorted(set(df.loc[looped, col])))[0])
+    R, rs = onehot(r, sorted(set(r[looped])))
+    multi("per_r_level", ones, _levels(R > 0, [f"level_r{v:g}" for v in rs]))
+    sep = fit(df, restarts=restarts, seed=seed, per_r=True)
+    e_sep = np.zeros(len(df))
+    for v, f in sep.per_r.items():
+        rows = np.flatnonzero(r == float(v))
+        e_sep[rows] = df["loss"].to_numpy(float)[rows] - f.predict(df.iloc[rows])
+    add("per_r_laws", e_sep, math.nan, 5 * len(sep.per_r))
+    C, names = onehot(df.groupby(["budget", "r"], sort=True).ngroup())
+    multi("cell_levels", ones, _levels(C[:, 1:] > 0, [f"cell_{int(c)}" for c in names[1:]]))   # cell 0's level: E's
+    n, s2 = len(df), pe["seed_sd"] ** 2
+    rows = []
+    for name in LADDER:
+        ss, p = float(e[name] @ e[name]), n_params[name]
+        F = ss / (n - p) / s2
+        rows.append(dict(model=name, n_params=p, ss=ss, resid_sd=math.sqrt(ss / (n - p)), rmse=math.sqrt(ss / n),
+                         F=F, df1=n - p, df2=pe["df_pe"], p_value=float(stats.f.sf(F, n - p, pe["df_pe"])),
+                         phi=phi[name]))
+    out = pd.DataFrame(rows)
+    excess = out["ss"] - out["df1"] * s2
+    out["excess_share"] = 1 - excess / excess.iloc[0]
+    pos, size = cell_position(df)
+    role = np.where(pos == 0, "narrowest", np.where(pos == size - 1, "widest", "interior"))
+    roles = []
+    for name in ("law", "cell_levels"):
+        g = pd.Series(e[name]).groupby(role)
+        roles += [dict(model=name, role=k, n=int(v.size), mean=float(v.mean()),
+                       se=float(v.std(ddof=1) / math.sqrt(v.size))) for k, v in g]
+    return out, pd.DataFrame(roles)
+
+
+def anchors(df, controls=None, restarts=500, multi_restarts=200, bootstrap=200, boot_restarts=None,
+            multi_boot_restarts=8, seed=0):
+    """phi under each r = 1 anchor, one row per (design, anchor): design 'main' (every main run) or
+    'controls' (the main runs at the budgets of the linear r = 1 controls); anchor 'plain' (the
+    paper's construction), 'looped_level' (one free log-loss level for the r > 1 runs) or 'linear'
+    (the linear r = 1 controls in place of the plain r = 1 runs).  Columns: design, anchor, n_runs,
+    phi, phi_lo, phi_hi (95% cell bootstrap), level, level_lo, level_hi (log-loss), rmse."""
+    df = check_runs(df, need=("budget", "s"))
+    designs = {"main": df}
+    if controls is not None and len(controls):
+        ctl = check_runs(controls, need=("budget", "s"))
+        ctl = ctl[(ctl["r"] == 1) & (ctl["injection"].astype(str) == "linear")]
+        sub = df[df["budget"].isin(set(ctl["budget"]))].reset_index(drop=True)
+        designs["controls"] = sub
+        linear = pd.concat([sub[sub["r"] > 1], ctl], ignore_index=True)
+    rows = []
+    for design, runs in designs.items():
+        kw = dict(restarts=multi_restarts, seed=seed, bootstrap=bootstrap, boot_restarts=multi_boot_restarts)
+        plain = fit(runs, restarts=restarts, seed=seed, bootstrap=bootstrap, boot_restarts=boot_restarts)
+        rows.append(dict(design=design, anchor="plain", n_runs=len(runs), phi=plain.phi,
+                         **dict(zip(("phi_lo", "phi_hi"), plain.ci.get("phi", NAN2))),
+                         rmse=float(np.sqrt(np.mean(fit_residuals(plain, runs) ** 2)))))
+        lv = {"looped": (runs["r"].to_numpy(float) > 1).astype(float)}
+        m = fit_multi(runs, np.ones((len(runs), 1)), ["phi"], levels=lv, **kw)
+        rows.append(dict(design=design, anchor="looped_level", **m.row("phi"),
+                         level=m.params["looped"], **dict(zip(("level_lo", "level_hi"), m.ci.get("looped", NAN2)))))
+        if design == "controls":
+            lin = fit(linear, restarts=restarts, seed=seed, bootstrap=bootstrap, boot_restarts=boot_restarts)
+            rows.append(dict(design=design, anchor="linear", n_runs=len(linear), phi=lin.phi,
+                             **dict(zip(("phi_lo", "phi_hi"), lin.ci.get("phi", NAN2))),
+                             rmse=float(np.sqrt(np.mean(fit_residuals(lin, linear) ** 2)))))
+    cols = ["design", "anchor", "n_runs", "phi", "phi_lo", "phi_hi", "level", "level_lo", "level_hi", "rmse"]
+    return pd.DataFrame(rows).reindex(columns=cols)
+
+
+def paper_minima(head: bool = False) -> pd.DataFrame:
+    """The paper's 24 published minima as runs (`runs_from_minima`), the LM head (padded
+    vocabulary x width) counted in N_once with `head`."""
+    runs = runs_from_minima(PAPER_DIR / "compute_optimal_minima.csv")
+    if not head:
+        return runs
+    vocab = model_config("paper", r=1, s=1).padded_vocab
+    return runs.assign(n_once=runs["n_once"] + vocab * runs["d_model"])
+
+
+def conventions(df, restarts=500, bootstrap=200, boot_restarts=None, seed=0) -> pd.DataFrame:
+    """phi with the LM head uncounted and counted, on the paper's 24 minima and on our runs, each
+    side fitted the same way (the minima's bootstrap resamples its 24 points, with warm starts as
+    chapter 3 does, at most MINIMA_BOOT_RESTARTS random ones; ours its cells, as `looped robustness`).
+    Columns: data ('paper_minima', 'ours'), head (bool), phi, phi_lo, phi_hi, n_runs."""
+    rows = []
+    for data, head in (("paper_minima", False), ("paper_minima", True), ("ours", False), ("ours", True)):
+        runs = paper_minima(head) if data == "paper_minima" else count_embeddings(df) if head else df
+        br = boot_restarts if data == "ours" else min(boot_restarts or MINIMA_BOOT_RESTARTS, MINIMA_BOOT_RESTARTS)
+        res = fit(runs.reset_index(drop=True), restarts=restarts, seed=seed, bootstrap=bootstrap, boot_restarts=br)
+        lo, hi = res.ci.get("phi", NAN2)
+        rows.append(dict(data=data, head=head, phi=res.phi, phi_lo=lo, phi_hi=hi, n_runs=len(runs)))
+    return pd.DataFrame(rows)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="looped misfit", description="Where the law misses our runs; phi's anchor "
+                                 "and counting conventions.")
+    ap.add_argument("--runs", default=str(REPO / "runs" / "cpu-main"), help="runs of the main fit (folder or CSV)")
+    ap.add_argument("--seeds", nargs="*", default=[str(REPO / "runs" / n) for n in REPLICATE_STUDIES],
+                    help="replicate runs (folders or CSVs; absent ones skipped)")
+    ap.add_argument("--controls", default=str(REPO / "runs" / "cpu-controls"),
+                    help="the linear r = 1 controls (folder or CSV; skipped when absent)")
+    ap.add_argument("--out", required=True, help="JSON file to write")
+    ap.add_argument("--quick", action="store_true", help="few restarts and resamples (CI)")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    s, t0 = dict(QUICK if a.quick else FULL), time.perf_counter()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            main = load_runs(a.runs)
+            seeds = [load_runs(p) for p in a.seeds if Path(p).is_dir() and any(Path(p).rglob("*.json"))]
+            ctl = load_runs(a.controls) if Path(a.controls).exists() else None
+        pe = pure_error(check_runs(main), *seeds)
+        lad, roles = ladder(main, pe, s["restarts"], s["multi_restarts"], a.seed)
+        print(f"looped misfit: ladder done ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+        anc = anchors(main, ctl, seed=a.seed, **s)
+        print(f"looped misfit: anchors done ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+        conv = conventions(main, s["restarts"], s["bootstrap"], s["boot_restarts"], a.seed)
+    except FitError as e:
+        print(f"looped misfit: error: {e}", file=sys.stderr)
+        return 2
+    out = dict(ladder=lad, roles=roles, anchors=anc, conventions=conv, pure_error=pe,
+               settings=dict(s, quick=a.quick, seed=a.seed, runs=repo_relative(a.runs),
+                             seeds=[repo_relative(p) for p in a.seeds if Path(p).exists()],
+                             controls=repo_relative(a.controls), seconds=time.perf_counter() - t0))
+    atomic_write_json(a.out, json_ready(out), allow_nan=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
