@@ -98,22 +98,38 @@ def load_runs(path) -> "pd.DataFrame":
         except Exception as e:  # noqa: BLE001 - any parse failure is a one-line input error
             msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise FitError(f"{p}: unreadable ({msg})") from None
+        sep = next((s for s in (";", "\t") if len(df.columns) == 1 and s in str(df.columns[0])), None)
+        if sep:   # a spreadsheet's export in another locale: say so, not "missing columns"
+            raise FitError(f"{p}: one column read, its header holds {sep!r}: looped fit reads comma-separated "
+                           f"files; save the table as CSV with commas")
     if "budget" not in df.columns and "budget_flops" in df.columns:
         df = df.rename(columns={"budget_flops": "budget"})
     return validate_runs(df, str(p))
 
 
-def _row(df, i: int, where: str) -> str:
+DATA_ROW = "data_row"   # df.attrs key: each run's data row in the file it was read from (1-based)
+
+
+def data_rows(df) -> "range | tuple":
+    """Each run's data row in the table as read (1-based), kept through the runs `validate_runs` skips;
+    a table reordered or regrown since (its index no longer 0, 1, ...) counts its rows afresh."""
+    rows = df.attrs.get(DATA_ROW)
+    fresh = rows is None or len(rows) != len(df) or not df.index.equals(pd.RangeIndex(len(df)))
+    return range(1, len(df) + 1) if fresh else rows
+
+
+def _row(df, i: int, where: str, rows=None) -> str:
     """Where the i-th run of a table came from, for an error: its record file, else its data row (1-based)."""
     if "file" in df.columns and isinstance(df["file"].iloc[i], str):
         return f"{where}: {df['file'].iloc[i]}"
-    return f"{where}: data row {i + 1}"
+    return f"{where}: data row {(rows or data_rows(df))[i]}"
 
 
 def validate_runs(df, where: str = "runs"):
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
         raise FitError(f"{where}: missing column(s) {', '.join(missing)}")
+    rows = data_rows(df)
     df = df.copy()
     if "status" in df.columns:
         st = df["status"].fillna("ok").astype(str)
@@ -123,6 +139,7 @@ def validate_runs(df, where: str = "runs"):
             warnings.warn(msg, stacklevel=3)
             print(f"looped fit: warning: {msg}", file=sys.stderr)
             df = df[~bad].copy()
+            rows = tuple(int(n) for n, b in zip(rows, bad) if not b)
     for c in REQUIRED + tuple(c for c in ("budget", "s") if c in df.columns):
         vals = pd.to_numeric(df[c], errors="coerce")
         if c in ("budget", "s") and vals.isna().all():
@@ -131,17 +148,19 @@ def validate_runs(df, where: str = "runs"):
         nonfinite = ~np.isfinite(vals.to_numpy(dtype=float))
         if nonfinite.any():
             i = int(np.flatnonzero(nonfinite)[0])
-            raise FitError(f"{_row(df, i, where)}: {c} is missing or not a finite number ({df[c].iloc[i]})")
+            raise FitError(f"{_row(df, i, where, rows)}: {c} is missing or not a finite number ({df[c].iloc[i]})")
         v = vals.to_numpy(dtype=float)
-        low = (v < 0) if c == "n_rec" else (v < 1) if c == "r" else (v <= 0)
-        if low.any():
+        low = (v < 0) if c == "n_rec" else ((v < 1) | (v % 1 != 0)) if c == "r" else (v <= 0)
+        if low.any():   # r counts the recurrences: 1, 2, 3, ...
             i = int(np.flatnonzero(low)[0])
-            what = "negative" if c == "n_rec" else "below 1" if c == "r" else "not positive"
-            raise FitError(f"{_row(df, i, where)}: {c} is {what} ({v[i]:g})")
+            what = "negative" if c == "n_rec" else "not a positive integer" if c == "r" else "not positive"
+            raise FitError(f"{_row(df, i, where, rows)}: {c} is {what} ({v[i]:g})")
         df[c] = v
     if len(df) == 0:
         raise FitError(f"{where}: no runs to fit")
-    return df.reset_index(drop=True)
+    df = df.reset_index(drop=True)
+    df.attrs[DATA_ROW] = rows
+    return df
 
 
 def mixed_data(df) -> str | None:
