@@ -77,3 +77,30 @@ def test_a_training_command_without_torch_names_the_extra_in_one_line(tmp_path):
     assert not (tmp_path / "d").exists()   # data prepare stopped before it made its folder
     helped = looped_without_train("data", "--help")
     assert helped.returncode == 0 and "usage: looped data" in helped.stdout
+
+
+def test_only_the_trainer_needs_torch_and_the_figures_draw_without_it(tmp_path):
+    """Without the [train] libraries every module imports but the trainer's own six, and a figure of a
+    study's runs is drawn (matplotlib is the [report] extra's)."""
+    code = WITHOUT_TRAIN + f"""
+import importlib, pkgutil, looped
+missing = []
+for m in pkgutil.walk_packages(looped.__path__, "looped."):
+    if not m.name.endswith("__main__"):
+        try:
+            importlib.import_module(m.name)
+        except ModuleNotFoundError as e:
+            missing.append(m.name)
+print(sorted(missing))
+import matplotlib
+matplotlib.use("Agg")
+from looped.report.figures import plot_iso_flop_curves
+from looped.records import read_records
+axes = plot_iso_flop_curves(read_records({str(REPO / "runs" / "cpu-main")!r}))
+axes.flat[0].figure.savefig({str(tmp_path / "iso.png")!r})
+"""
+    done = run_python(code)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[0] == str(sorted(f"looped.{m}" for m in (
+        "checkpoint", "dist", "model", "optim", "runtime", "train")))
+    assert (tmp_path / "iso.png").stat().st_size > 10_000
