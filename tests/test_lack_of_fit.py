@@ -73,3 +73,16 @@ def test_the_committed_results_rerun_in_small(tmp_path):
     assert np.allclose(quick["conventions"].phi, committed["conventions"].phi, atol=0.02)
     for claims in (misfit.misfit_claims, misfit.anchor_claims, misfit.convention_claims):
         assert all(claims(committed).values()), claims.__name__
+
+
+def test_a_free_level_for_the_looped_runs_is_recovered(lawful):
+    """Records whose looped runs carry a known log-loss level (an injection's cost): fit_multi's
+    free level finds it and phi comes back; the plain law, without the level, moves phi."""
+    from looped.studies.law_variants import fit_multi
+    main = lawful[0]
+    looped = (main["r"] > 1).to_numpy(float)
+    shifted = main.assign(loss=main["loss"] * np.exp(0.02 * looped))
+    m = fit_multi(shifted, np.ones((len(main), 1)), ["phi"], levels={"looped": looped}, restarts=8)
+    assert m.params["looped"] == pytest.approx(0.02, abs=0.004) and m.params["phi"] == pytest.approx(0.40, abs=0.05)
+    from looped.fit import fit
+    assert fit(shifted, restarts=8).phi < m.params["phi"] - 0.05
