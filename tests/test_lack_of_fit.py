@@ -86,3 +86,15 @@ def test_a_free_level_for_the_looped_runs_is_recovered(lawful):
     assert m.params["looped"] == pytest.approx(0.02, abs=0.004) and m.params["phi"] == pytest.approx(0.40, abs=0.05)
     from looped.fit import fit
     assert fit(shifted, restarts=8).phi < m.params["phi"] - 0.05
+
+
+def test_the_injection_guard_reads_the_controls():
+    """Chapter 4's sentence on what the linear r = 1 controls measure holds on the records and fails
+    when the controls are made better than the plain r = 1 runs, the more so the wider."""
+    main, _, ctl = _records()
+    cost = L.injection_cost(main, ctl)
+    assert len(cost) == 9 and all(misfit.injection_claims(cost).values())
+    plain = main[main["r"] == 1].set_index(["budget", "s"])["loss"]
+    better = ctl.assign(loss=[plain.get((b, s), v) - 0.002 * s
+                              for b, s, v in zip(ctl["budget"], ctl["s"], ctl["loss"])])
+    assert not any(misfit.injection_claims(L.injection_cost(main, better)).values())

@@ -6,6 +6,7 @@ records and see them fail.  The chapters write their own words around them.
 """
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 MODELS = {  # the ladder's models, as the reader should read them (parameters in the table)
@@ -93,6 +94,13 @@ def anchor_claims(res: dict) -> dict:
         "the linear r = 1 controls raise φ at their budgets": n["anchor_controls_linear_phi"]
         > n["anchor_controls_plain_phi"],
     }
+
+
+def injection_claims(cost: pd.DataFrame) -> dict:
+    """The sentences on what the linear r = 1 controls measure (`lack_of_fit.injection_cost`)."""
+    slope = np.polyfit(np.log(cost["d_model"].to_numpy(float)), cost["cost"].to_numpy(float), 1)[0]
+    return {"the controls measure a positive cost of the linear injection at r = 1": bool((cost["cost"] > 0).all()),
+            "growing with width": bool(slope > 0)}
 
 
 def convention_claims(res: dict) -> dict:

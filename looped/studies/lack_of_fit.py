@@ -154,6 +154,16 @@ def anchors(df, controls=None, restarts=500, multi_restarts=200, bootstrap=200, 
     return pd.DataFrame(rows).reindex(columns=cols)
 
 
+def injection_cost(df, controls) -> pd.DataFrame:
+    """What the linear injection costs at r = 1: each linear r = 1 control against the plain r = 1
+    main run of its (budget, s).  Columns: budget, s, d_model, cost (nats, linear minus plain)."""
+    df, ctl = check_runs(df, need=("budget", "s")), check_runs(controls, need=("budget", "s"))
+    ctl = ctl[(ctl["r"] == 1) & (ctl["injection"].astype(str) == "linear")]
+    both = ctl.merge(df[df["r"] == 1], on=["budget", "s"], suffixes=("_lin", "_plain"))
+    return pd.DataFrame({"budget": both["budget"], "s": both["s"], "d_model": both["d_model_lin"],
+                         "cost": both["loss_lin"] - both["loss_plain"]})
+
+
 def paper_minima(head: bool = False) -> pd.DataFrame:
     """The paper's 24 published minima as runs (`runs_from_minima`), the LM head (padded
     vocabulary x width) counted in N_once with `head`."""
