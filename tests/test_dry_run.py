@@ -132,3 +132,11 @@ def test_slurm_shows_each_tasks_hours_beside_time_and_a_dry_run_writes_no_script
                                          ("1-6", 30), ("soon", None)])
 def test_slurm_time_limits_read_as_hours(text, hours):
     assert dry_run.hhmmss_hours(text) == (pytest.approx(hours) if hours is not None else None)
+
+
+def test_the_readme_gives_the_commands_the_dry_run_prints(tmp_path, capsys):
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    text = dry(["gpu-main", "--dry-run"], capsys)
+    command = re.search(r"`(looped data prepare --preset paper --max-tokens \d+)", text).group(1)
+    assert f"`{command}` on a networked machine" in readme
+    assert "It prints each array task's estimated hours beside `--time`" in readme

@@ -104,3 +104,11 @@ axes.flat[0].figure.savefig({str(tmp_path / "iso.png")!r})
     assert done.stdout.strip().splitlines()[0] == str(sorted(f"looped.{m}" for m in (
         "checkpoint", "dist", "model", "optim", "runtime", "train")))
     assert (tmp_path / "iso.png").stat().st_size > 10_000
+
+
+def test_the_readme_names_the_extras_as_pyproject_declares_them():
+    import tomllib
+    readme = " ".join((REPO / "README.md").read_text().split())
+    train = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["train"]
+    assert "torch==2.13.0" in train and "loose lower bounds on numpy, pandas and scipy and nothing else" in readme
+    assert '`".[train]"` brings torch (`==2.13.0`, the version `requirements.txt` pins), tokenizers and tqdm' in readme

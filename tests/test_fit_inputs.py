@@ -119,3 +119,13 @@ def test_a_million_runs_stop_with_one_line_before_the_solver(tmp_path, capsys, m
                           f"restarts a block), and 16.0 GB is available: at most {most:,} runs fit here"), err
     monkeypatch.setattr(fit_cli, "available_memory", lambda: None)    # unknown: no refusal
     assert fit_cli.memory_error(n, 500, 0) is None
+
+
+def test_the_readme_states_what_the_fitter_does():
+    from pathlib import Path
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    assert f"A bootstrap over fewer than {fit_cli.units_needed(6)} (budget, r) cells is flagged" in readme
+    assert f"(8 cells: {fit_cli.few_distinct(8, 6):.0%})" in readme
+    per_run = fit_cli.BYTES_PER_RUN_RESTART * fit_cli.SOLVER_BLOCK
+    assert f"{fit_cli.BASE_BYTES / 1e9:.2f} GB plus {per_run / 1e3:.0f} kB a run" in readme
+    assert f"a million runs would need about {fit_cli.fit_memory(1_000_000, 500) / 1e9:.0f} GB" in readme

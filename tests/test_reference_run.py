@@ -60,3 +60,10 @@ def test_a_rerun_matches_the_committed_record(tmp_path, capsys):
     assert out.startswith(f"retraining into a temporary folder: {reference.RUN}\n")
     assert re.search(r"^reference run: loss \d\.\d{6}, committed \d\.\d{6}: (identical to the last bit|[\d.]+ nats "
                      r"apart, within the tolerance)", out, re.M), out
+
+
+def test_the_readme_points_to_the_reference_run():
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert "`make reference` retrains it" in readme and f"passes within {reference.TOLERANCE} nats" in readme
+    assert "spread over 0.0077 nats" in readme
+    assert "span 0.0077 nats" in " ".join((REPO / "runs" / "reference" / "README.md").read_text().split())
