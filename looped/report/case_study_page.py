@@ -258,3 +258,20 @@ def cells_table(cs: CaseStudy, baseline: str, variant: str) -> tuple[Table, pd.D
                   notes=[] if len(cells) else ["no cell has runs of both kinds yet"])
     by_r = cells.groupby("r")["delta"].mean() if len(cells) else pd.Series(dtype=float)
     return table, cells, by_r
+
+
+def cost_trend_claims(trend: dict) -> dict:
+    """Chapter 5's sentence on truncation's cost at matched tokens against r (`paired.gain_trend`
+    of the twin pairs, from the records), with whether the slope supports it."""
+    return {"no sign of a cost that grows with r; a fall is not resolved": trend["slope"] < 0 and abs(trend["t"]) < 2}
+
+
+def noise_claims(models: pd.DataFrame, pair_noise: float) -> dict:
+    """Chapter 6's sentences on the offset models (`paired_study.read_results`' models table)
+    against the pair noise (√2 times the pure error, from the records) and the r = 1 controls."""
+    m = models.set_index("model") if "model" in models.columns else models
+    return {"the per-width model fits close to pair noise": m.loc["width_linear", "resid_sd"] < 1.5 * pair_noise,
+            "the model without an offset does not": m.loc["none_linear", "resid_sd"] > 3 * pair_noise,
+            "the controls reject both plain-anchored models":
+                m.loc[["width_plain", "constant_plain"], "r1_z"].min() > 3,
+            "and not the linear per-width one": abs(m.loc["width_linear", "r1_z"]) < 3}

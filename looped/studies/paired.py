@@ -141,6 +141,15 @@ def paired_gains(P, by=("r",)) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def gain_trend(P) -> dict:
+    """The least-squares slope of the paired loss difference (nats) on log2 r: nats per doubling
+    of r, with its SE, t, two-sided p and the number of pairs."""
+    x, y = np.log2(P["r"].to_numpy(float)), P["diff"].to_numpy(float)
+    fit = stats.linregress(x, y)
+    return {"slope": float(fit.slope), "se": float(fit.stderr), "t": float(fit.slope / fit.stderr),
+            "p": float(fit.pvalue), "n": len(P)}
+
+
 # ------------------------------------------------------------------ the paired fit
 
 def main_of(law) -> Law:

@@ -3,7 +3,9 @@ simulation on our design, written to runs/analysis/paired.json for chapters 5 an
 
 The simulation draws both arms from the main fit's law with a known dphi, adds the main fit's real
 log residuals at each (budget, r, s) (shared by a variant run and its baseline twin, as the law's
-misfit is) and seed noise, and refits every estimator: bias, SD and coverage of its 95% interval.
+misfit is) and seed noise at the book's pure error (`replicates.pure_error`: the main fit's
+design points, every replicate study), and refits every estimator: bias, SD and coverage of its
+95% interval (for hyperconnections also the headline model, one offset per width).
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import argparse
 import json
 import sys
 import time
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 
@@ -18,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from ..config import REPO
-from ..fit import FitError, FitResult, validate_runs
+from ..fit import FitError, FitResult, load_runs, validate_runs
 from ..io import atomic_write_json, json_ready
 from ..solver import HUBER_DELTA
 from .paired import (
@@ -34,7 +37,7 @@ from .paired import (
     same_runs,
     token_term_check,
 )
-from .replicates import replicate_sd
+from .replicates import REPLICATE_STUDIES, pure_error
 
 STUDIES = ("truncated_matched", "truncated", "hyper")   # matched first: truncation's headline
 QUICK = dict(restarts=20, bootstrap=40, boot_restarts=2, n_reps=4, sim_bootstrap=30)
@@ -101,10 +104,11 @@ def synthetic(law: FitResult, df, dphi=0.0, offset=0.0, resid=None, noise_sd=0.0
 
 
 def simulate_estimators(main_df, variant_df, true_dphi, n_reps=None, seed=0, controls=None, true_offset=0.0,
-                        noise_sd=0.011, quick=False, restarts=None, bootstrap=None, boot_restarts=None):
+                        noise_sd=0.011, quick=False, restarts=None, bootstrap=None, boot_restarts=None, width=False):
     """Bias, SD, RMSE and 95% coverage of the paired (with and without offset) and paper-protocol
     estimators on our design: both arms from the main fit's law with a known dphi (and offset),
     the main fit's real log residuals shared at each (budget, r, s), and seed noise (nats).
+    `width`: also the model with one offset per width ('width_linear', against `controls`).
     n_reps / restarts / bootstrap default to FULL, or to QUICK (few of each) with `quick`.
     One row per estimator ('paired_offset:offset' is the offset); attrs['raw'] holds every rep."""
     cfg = QUICK if quick else FULL
@@ -126,6 +130,8 @@ def simulate_estimators(main_df, variant_df, true_dphi, n_reps=None, seed=0, con
         both = paired_estimate(m, v, c, True, law, **kw)
         ests["paired_offset"], ests["paired_offset:offset"] = both["dphi"], both["offset"]
         ests["paper"] = paper_protocol(m, v, **kw)
+        if width:
+            ests["width_linear"] = paired_estimate(m, v, c, "width", law, **kw)["dphi"]
         for name, e in ests.items():
             rows.append(dict(rep=rep, estimator=name, **asdict(e)))
     raw = pd.DataFrame(rows)
@@ -168,11 +174,16 @@ def main(argv=None) -> int:
         if a.same_runs_as:
             arms = same_runs(arms, a.same_runs_as)
         main_df, ctl = arms["main"], arms["control_linear"]
-        measured = replicate_sd(*arms.values())["seed_sd"]   # pure error, one protocol per group
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            seeds = [load_runs(p) for p in (Path(a.runs) / n for n in REPLICATE_STUDIES)
+                     if p.is_dir() and any(p.rglob("*.json"))]
+        pe = pure_error(main_df, *seeds)   # the book's one pure error: never a run and its other-token twin
+        measured = pe["seed_sd"]
         noise = a.seed_sd if a.seed_sd is not None else (measured if np.isfinite(measured) else 0.011)
         law = main_law(main_df, **kw)
-        out = {"settings": dict(cfg, seed=a.seed, seed_sd=noise, seed_sd_measured=measured, quick=a.quick,
-                                huber_delta=HUBER_DELTA, runs={k: len(v) for k, v in arms.items()},
+        out = {"settings": dict(cfg, seed=a.seed, seed_sd=noise, seed_sd_measured=measured, df_pe=pe["df_pe"],
+                                quick=a.quick, huber_delta=HUBER_DELTA, runs={k: len(v) for k, v in arms.items()},
                                 run_ids={k: sorted(map(str, v["run_id"])) for k, v in arms.items()}),
                "main_fit": {k: getattr(law, k) for k in ("A", "alpha", "B", "beta", "E", "phi", "r2", "n_runs")},
                "studies": {}, "simulation": {}}
@@ -208,7 +219,8 @@ def main(argv=None) -> int:
                 head = head["models"][HEADLINE[name][1]]["dphi"] if "models" in head else head[HEADLINE[name][1]]
                 true = a.true_dphi if a.true_dphi is not None else float(np.clip(head.estimate, -1, 1))
                 t1 = time.perf_counter()
-                sim = simulate_estimators(main_df, var, true, cfg["n_reps"], a.seed, ctl, 0.0, noise, a.quick)
+                sim = simulate_estimators(main_df, var, true, cfg["n_reps"], a.seed, ctl, 0.0, noise, a.quick,
+                                          width=name == "hyper")
                 out["simulation"][name] = {"true_dphi": true, "seconds": time.perf_counter() - t1, "summary": sim}
     except FitError as e:
         print(f"looped paired: error: {e}", file=sys.stderr)
