@@ -18,6 +18,7 @@ import warnings
 from pathlib import Path
 
 from .fit import (
+    BOOT_CHUNK,
     DATA_ROW,
     FIX_KEYS,
     REQUIRED,
@@ -127,19 +128,28 @@ def bootstrap_warning(df, res) -> str | None:
 
 
 # Memory of a fit, measured (issue 51; peak RSS by `/usr/bin/time` of `looped fit` on synthetic tables,
-# 2-core Xeon, numpy 2.4): 0.23, 0.34 and 0.51 GB at 2,000, 5,000 and 10,000 runs (500 restarts), 0.18,
-# 0.23 and 0.30 GB at 50 restarts; a newcomer's 100,000 runs took 3.5 GB and 1,000,000 were killed at
-# 23.4 GB.  The solver evaluates up to 128 restarts at a time over every run, some 34 float64
-# temporaries of (restarts, runs) each: 270 bytes per run per restart of a block over 0.16 GB.  A table
-# whose estimate exceeds the memory available is refused before the solver starts, not killed silently.
+# 2-core Xeon, numpy 2.4): 0.23, 0.34, 0.51 and 0.86 GB at 2,000, 5,000, 10,000 and 20,000 runs (500
+# restarts), 0.18, 0.23, 0.30 and 0.43 GB at 50 restarts, 0.34 GB at 2,000 runs with --bootstrap 50; a
+# newcomer's 100,000 runs took 3.5 GB and 1,000,000 were killed at 23.4 GB.  The solver evaluates up to
+# 128 restarts at a time over every run, some 34 float64 temporaries of (restarts, runs) each: 270 bytes
+# per run per restart of a block over 0.16 GB.  The bootstrap solves its resamples in chunks of at most
+# looped.fit.BOOT_CHUNK (restart, run) weights (at least one resample's), about two float64 copies of a
+# chunk.  A table whose estimate exceeds the memory available is refused before the solver starts.
 SOLVER_BLOCK = 128               # looped.solver.OBJ_BLOCK: restarts evaluated together
 BYTES_PER_RUN_RESTART = 270
 BASE_BYTES = 0.16e9              # the interpreter, numpy, pandas and scipy
+CHUNK_COPIES = 2                 # float64 arrays of one bootstrap chunk's weights
 
 
-def fit_memory(n_runs: int, restarts: int, bootstrap: int = 0) -> float:
-    """Estimated peak bytes of `looped fit` on n_runs runs (the bootstrap adds its (B, n) weights)."""
-    return BASE_BYTES + BYTES_PER_RUN_RESTART * n_runs * min(restarts, SOLVER_BLOCK) + 8.0 * bootstrap * n_runs
+def fit_memory(n_runs: int, restarts: int, bootstrap: int = 0, boot_restarts: int = -1) -> float:
+    """Estimated peak bytes of `looped fit` on n_runs runs (`boot_restarts` as the command's: -1 is
+    `restarts` random starts per resample, k >= 0 is k plus up to 11 warm starts)."""
+    need = BASE_BYTES + BYTES_PER_RUN_RESTART * n_runs * min(restarts, SOLVER_BLOCK)
+    if bootstrap:
+        per = restarts if boot_restarts < 0 else boot_restarts + 11
+        chunk = max(min(BOOT_CHUNK, bootstrap * per * n_runs), per * n_runs)
+        need += 8.0 * (CHUNK_COPIES * chunk + bootstrap * n_runs)
+    return need
 
 
 def available_memory() -> float | None:
@@ -156,16 +166,19 @@ def available_memory() -> float | None:
         return None
 
 
-def memory_error(n_runs: int, restarts: int, bootstrap: int) -> str | None:
+def memory_error(n_runs: int, restarts: int, bootstrap: int = 0, boot_restarts: int = -1) -> str | None:
     """Why a table is too large to fit on this machine (one line), or None."""
-    need, have = fit_memory(n_runs, restarts, bootstrap), available_memory()
+    need, have = fit_memory(n_runs, restarts, bootstrap, boot_restarts), available_memory()
     if have is None or need <= have:
         return None
+    lo, hi = 0, n_runs                       # the most runs that fit: fit_memory grows with the runs
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fit_memory(mid, restarts, bootstrap, boot_restarts) <= have else (lo, mid - 1)
     per_run = BYTES_PER_RUN_RESTART * min(restarts, SOLVER_BLOCK)
-    most = max(0, int((have - BASE_BYTES) / (per_run + 8.0 * bootstrap)))
     return (f"{n_runs:,} runs need about {need / 1e9:.1f} GB to fit ({per_run / 1e3:.0f} kB a run at "
-            f"{min(restarts, SOLVER_BLOCK)} restarts a block), and {have / 1e9:.1f} GB is available: at most "
-            f"{most:,} runs fit here; fit fewer (one study: --study NAME)")
+            f"{min(restarts, SOLVER_BLOCK)} restarts a block{', more for the bootstrap' if bootstrap else ''}), "
+            f"and {have / 1e9:.1f} GB is available: at most {lo:,} runs fit here; fit fewer (one study: --study NAME)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -253,7 +266,7 @@ def main(argv=None) -> int:
         if error:
             raise FitError(error)
         df = _runs(a)
-        error = memory_error(len(df), a.restarts, a.bootstrap)
+        error = memory_error(len(df), a.restarts, a.bootstrap, a.boot_restarts)
         if error:
             raise FitError(error)
         with warnings.catch_warnings():

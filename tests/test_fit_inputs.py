@@ -96,6 +96,7 @@ def test_the_memory_estimate_matches_the_measurements():
     for runs, restarts, gb in ((2_000, 500, 0.23), (5_000, 500, 0.34), (5_000, 50, 0.23),
                                (100_000, 500, 3.5)):
         assert fit_cli.fit_memory(runs, restarts) / 1e9 == pytest.approx(gb, rel=0.2), (runs, restarts)
+    assert fit_cli.fit_memory(2_000, 500, bootstrap=50) / 1e9 == pytest.approx(0.34, rel=0.2)
     assert fit_cli.fit_memory(1_000_000, 500) > 23.4e9      # the table that was killed at 23.4 GB
 
 
@@ -117,6 +118,8 @@ def test_a_million_runs_stop_with_one_line_before_the_solver(tmp_path, capsys, m
     most = int((16e9 - fit_cli.BASE_BYTES) / (fit_cli.BYTES_PER_RUN_RESTART * 128))
     assert err.startswith("looped fit: error: 1,000,000 runs need about 34.7 GB to fit (35 kB a run at 128 "
                           f"restarts a block), and 16.0 GB is available: at most {most:,} runs fit here"), err
+    code, out, err = run(["fit", tmp_path / "million.csv", "--allow-duplicates", "--bootstrap", "100"], capsys)
+    assert code == 2 and "restarts a block, more for the bootstrap), and 16.0 GB is available" in err
     monkeypatch.setattr(fit_cli, "available_memory", lambda: None)    # unknown: no refusal
     assert fit_cli.memory_error(n, 500, 0) is None
 
