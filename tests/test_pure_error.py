@@ -70,3 +70,15 @@ def test_the_case_study_guards_fail_on_perturbed_records():
     assert all(page.cost_trend_claims(gain_trend(pairs(arms["main"], matched))).values())
     grows = matched.assign(loss=matched["loss"] + 0.01 * np.log2(matched["r"]))
     assert not any(page.cost_trend_claims(gain_trend(pairs(arms["main"], grows))).values())
+
+
+def test_the_paired_chapters_notice_records_the_analysis_has_not_seen():
+    """unused_runs counts the records of the study folders that the committed `looped paired` did
+    not use: 0 now, 1 once a sweep adds a run (the chapters' staleness guard fails)."""
+    from looped.studies.paired import load_arms, unused_runs
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        arms = load_arms(REPO / "runs")
+    assert unused_runs(arms, paired_study.RESULTS) == 0
+    extra = arms["main"].iloc[[0]].assign(run_id="a-new-run")
+    assert unused_runs(dict(arms, main=pd.concat([arms["main"], extra])), paired_study.RESULTS) == 1

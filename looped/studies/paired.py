@@ -89,6 +89,13 @@ def same_runs(arms: dict, results) -> dict:
     return out
 
 
+def unused_runs(arms: dict, results) -> int:
+    """How many records of the arms an earlier results file of `looped paired` did not use (its
+    run_ids): 0 while the committed analysis is current, more once a sweep has added runs."""
+    used = json.loads(Path(results).read_text()).get("settings", {}).get("run_ids") or {}
+    return sum(int((~v["run_id"].astype(str).isin(used.get(k, []))).sum()) for k, v in arms.items() if len(v))
+
+
 def _keyed(df, where: str):
     """A validated copy with seed / data_order filled (42 / -1: the default seed and order) and a
     hashable `_key` of (budget to 6 digits, r, s, seed, data_order)."""
