@@ -206,7 +206,7 @@ def _b64num(s: str) -> int:
 
 def dictd_entries(index: bytes, dict_dz: bytes) -> list[tuple[str, str]]:
     """[(headword, definition text)] of a dictd dictionary in index order, each definition once
-    (several headwords can point at one entry); the '00-database-*' header entries skipped."""
+    (several headwords can point at one entry); the ``00-database-...`` header entries skipped."""
     data = gzip.decompress(dict_dz)  # dictzip is gzip with a random-access table in a header field
     out, seen = [], set()
     for line in index.decode("utf-8", "replace").splitlines():
