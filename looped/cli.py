@@ -24,6 +24,7 @@ COMMANDS = {  # name -> (module, function, one-line help)
     "paired": (
         "looped.studies.paired_study", "main", "case studies: paired estimators of delta-phi and their simulation"
     ),
+    "corpora": ("looped.studies.corpora", "main", "phi on two corpora with one design (cpu-main and cpu3-main)"),
     "external": (
         "looped.studies.external", "main", "phi on another lab's looped runs (qlabs scaling-exponents tables)"
     ),
