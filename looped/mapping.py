@@ -1,5 +1,5 @@
 """How much a recurrence is worth: the mapping from r to m(r), the multiplier of N_rec in the law's
-effective size N_eff = N_once + m(r) N_rec.
+effective size N_eff = N_once + m(r) N_rec::
 
     power    m = r^phi                                    the paper's law (one parameter)
     linear   m = r                                        phi = 1: every pass worth a unique block
