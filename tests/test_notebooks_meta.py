@@ -50,7 +50,7 @@ def test_make_analysis_regenerates_every_chapter_that_reads_the_analyses():
     rule = re.search(r"^analysis:.*?\n((?:\t.*\n)+)", (ROOT / "Makefile").read_text(), re.M).group(1)
     listed = set(re.search(r"tools/notebooks.py (.*)", rule).group(1).split())
     readers = {md.stem for md in CHAPTERS
-               if re.search(r"studies\.(robustness|paired_study) import[^\n]*read_results", md.read_text())}
+               if re.search(r"studies\.(robustness|paired_study|shape) import[^\n]*read_results", md.read_text())}
     assert readers and listed == readers
 
 

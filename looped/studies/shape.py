@@ -49,7 +49,7 @@ HELD_FIX = {"B": PAPER_LAW.B, "beta": PAPER_LAW.beta}    # one D for every grid 
 # ----------------------------------------------------------------------------- the run sets
 
 def _pool(df) -> float:
-    """Training tokens of the runs' one dataset (the committed manifest runs/*.json of that name), or NaN."""
+    """Training tokens of the runs' one dataset (its committed manifest under runs/, by name), or NaN."""
     names = set(df["dataset"].dropna()) if "dataset" in df.columns else set()
     for path in sorted((REPO / "runs").glob("*.json")) if len(names) == 1 else ():
         meta = json.loads(path.read_text())
