@@ -127,7 +127,7 @@ html-check: venv  ## after `make book` (builds it first only if there is no buil
 reference: venv  ## retrain runs/reference/'s run and compare its loss with the committed one
 	$(PY) -m looped.studies.reference
 
-# corpus v3 (preset prose3): fetch its 36 pinned Debian packages (499 MB) into data/sources, build the
+# corpus v3 (preset prose3): fetch its 36 pinned Debian packages (483 MB) into data/sources, build the
 # dataset (~2.5 min; compared with the committed manifest runs/prose3-bpe2048-T128.json) and print
 # how far it outlasts the longest planned run.  CI skips it.
 corpus: venv
