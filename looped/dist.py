@@ -1,54 +1,14 @@
-"""torchrun's processes (`Dist`: their collectives, the gradient average) and the one wait that
-must not hit a collective timeout.
+"""torchrun's processes (`Dist`): their collectives and the gradient average.
 
-`prepare_once`: under torchrun, rank 0 builds (or opens) a preset's dataset while the other
-ranks wait.  A plain `dist.barrier()` on the NCCL group would time out after the process
-group's timeout (10 minutes by default) while rank 0 tokenizes for hours; here the ranks wait
-on a separate gloo group created with a long timeout, and rank 0 tells them the outcome (the
-path, or the error that stopped it), so a failed build fails every rank with its message
-instead of leaving them to hang.
-"""
+A run's dataset is prepared before its processes start (`looped data prepare`, or `looped sweep`
+before its first run), so no rank waits on another's tokenizer inside a collective."""
 from __future__ import annotations
 
 import os
-from datetime import timedelta
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
-
-from .data import dataset
-
-PREPARE_TIMEOUT_S = 12 * 3600  # a full FineWeb-Edu tokenization on one node fits easily
-
-
-def prepare_once(preset, data_dir=None, timeout_s: float = PREPARE_TIMEOUT_S, prepare=None) -> Path:
-    """`dataset.prepare(preset, data_dir)` on rank 0 only; every rank returns the dataset path.
-
-    Without an initialised process group (one process) it is `dataset.prepare`.  The dataset
-    folder must be visible to every rank (one node, or a shared file system); the other
-    ranks check it (`dataset.prepare` finds the finished build and returns at once).
-    `prepare` replaces dataset.prepare (tests)."""
-    prepare = prepare or dataset.prepare
-    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
-        return Path(prepare(preset, data_dir=data_dir))
-    group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
-    try:
-        message = [None]
-        if dist.get_rank() == 0:
-            try:
-                message = [("ok", str(prepare(preset, data_dir=data_dir)))]
-            except Exception as e:  # noqa: BLE001 - passed on to the waiting ranks, then re-raised
-                message = [("error", f"{type(e).__name__}: {e}")]
-                dist.broadcast_object_list(message, src=0, group=group)
-                raise
-        dist.broadcast_object_list(message, src=0, group=group)
-    finally:
-        dist.destroy_process_group(group)
-    status, value = message[0]
-    if status != "ok":
-        raise dataset.DataError(f"rank 0 could not prepare the {preset} dataset: {value}")
-    return Path(prepare(preset, data_dir=data_dir)) if dist.get_rank() else Path(value)
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 
 class Dist:
@@ -103,7 +63,6 @@ class Dist:
         the overlap of that all-reduce with the backward."""
         if self.world == 1:
             return
-        from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
         grads, bucket, size = [p.grad for p in params if p.grad is not None], [], 0
         for i, g in enumerate(grads):
             bucket.append(g)

@@ -1,6 +1,7 @@
 """The machine a run runs on: where the code came from (git commit, versions), the device (its
 name, its peak FLOP/s, its free and peak memory, the micro-batch that fits it) and the fast path
-(the model compiled by inductor, and what a failed compile raises).  `looped.train` reads all of
+(the model compiled by inductor, and what a failed compile raises), and `StepGuard`, the trainer's
+recovery from out-of-memory and failed compiles, agreed across ranks.  `looped.train` reads all of
 it; the benchmark and the GPU check call it directly."""
 from __future__ import annotations
 
@@ -8,14 +9,17 @@ import gc
 import platform
 import resource
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import numpy
 import torch
+import torch.distributed
 
 from . import __version__, memory
 from .config import CHECKOUT
+from .options import TrainError
 
 # ----------------------------------------------------------------------------- provenance
 
@@ -134,8 +138,8 @@ def fast_model(model: torch.nn.Module) -> torch.nn.Module:
 def compile_errors() -> tuple[type, ...]:
     """What a failed torch.compile raises: dynamo's errors (inductor's wrapped in them at the
     first call) and inductor's own (raised bare by a compile outside dynamo, e.g. the backward)."""
-    import torch._dynamo.exc
-    import torch._inductor.exc
+    import torch._dynamo.exc  # deferred on purpose: dynamo adds ~2 s to importing torch, and only
+    import torch._inductor.exc  # a compiled run needs it
     own = (v for v in vars(torch._inductor.exc).values() if isinstance(v, type) and issubclass(v, Exception))
     return (torch._dynamo.exc.TorchDynamoException, *own)
 
@@ -143,3 +147,69 @@ def compile_errors() -> tuple[type, ...]:
 def short_reason(e: BaseException) -> str:
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     return f"{type(e).__name__}: {lines[0] if lines else ''}"[:200]
+
+
+# ----------------------------------------------------------------------------- one step, recovered
+
+class StepGuard:
+    """One optimizer step, retried until every rank got through it: the trainer's recovery policy.
+
+    `guard.step(work)` calls ``work(micro, loss_sum)`` (forward and backward over this rank's rows
+    in micro-batches of `micro`, adding the loss to the device scalar `loss_sum`).  Two failures are
+    recovered from, and the ranks agree on both before any gradient moves (one all-reduce, so an
+    out-of-memory or a failed compile on one rank is every rank's):
+
+    - out of memory: the micro-batch halves and the step starts again (`history` gets [step, micro]);
+      a micro-batch the user chose (`chosen`), or one already 1, is not halved: TrainError (alone,
+      the bare OutOfMemoryError);
+    - a failed torch.compile (`compile_errors`) while `compiled`: `to_eager()` switches the run to
+      the eager reference step, the reason is kept in `compile_error`, and the step starts again.
+
+    `also` are callables whose numbers are summed over the ranks in the same all-reduce (the
+    trainer's checkpoint clock: any rank's clock makes a checkpoint due).  Returns (the step's mean
+    loss over the ranks, the summed `also` values, whether the step was retried)."""
+
+    def __init__(self, dd, micro: int, history: list, *, chosen: bool, compiled: bool, to_eager, zero_grad):
+        self.dd, self.micro, self.history, self.chosen = dd, micro, history, chosen
+        self.compiled, self.compile_error = compiled, None
+        self.to_eager, self.zero_grad = to_eager, zero_grad
+        self.cannot_compile = compile_errors() if compiled else ()
+
+    def step(self, step: int, work, also=()) -> tuple[float, list[float], bool]:
+        dd, retried = self.dd, False
+        while True:
+            loss_sum, failure, oom = torch.zeros((), device=dd.device), None, False
+            try:
+                work(self.micro, loss_sum)
+            except torch.OutOfMemoryError:
+                if dd.world == 1 and (self.chosen or self.micro == 1):  # a chosen micro-batch is the user's to change
+                    raise
+                oom = True
+            except self.cannot_compile as e:
+                if not self.compiled:
+                    raise
+                failure = short_reason(e)
+            votes = torch.stack([loss_sum, *(torch.full((), float(v), device=dd.device)
+                                             for v in (*(f() for f in also), oom, failure is not None))])
+            if dd.world > 1:
+                torch.distributed.all_reduce(votes)
+                votes[0] /= dd.world
+            loss, *summed, n_oom, n_failed = votes.tolist()
+            if not n_oom and not n_failed:
+                return loss, summed, retried
+            # here, out of the handler, the traceback and the activations its frames held are gone
+            retried = True
+            self.zero_grad()  # the partial step's gradients: redo it from its start
+            if n_failed:  # inductor cannot compile on this machine: the eager reference step, as --no-compile
+                self.compiled, self.compile_error = False, failure or "on another rank"
+                self.to_eager()
+                if dd.main:
+                    print(f"looped train: warning: torch.compile failed, training eager ({self.compile_error})",
+                          file=sys.stderr)
+            else:  # the memory model is an estimate, and optimizer state comes at step 1
+                if self.chosen or self.micro == 1:
+                    raise TrainError(f"{int(n_oom)} of {dd.world} ranks ran out of memory at step {step} with "
+                                     f"micro-batch {self.micro}" + (": lower --micro-batch" if self.chosen else ""))
+                self.micro //= 2
+                self.history.append([step, self.micro])
+                fresh_device_memory(dd.device)

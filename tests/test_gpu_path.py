@@ -264,112 +264,54 @@ def test_device_free_bytes_on_cpu_is_none():
         assert memory.device_free_bytes() is None
 
 
-# ----------------------------------------------------------------------------- DDP preparation
+# ----------------------------------------------------------------------------- DDP and the dataset
 
-WORKER = textwrap.dedent("""
-    import os, sys, time
-    from datetime import timedelta
-    import torch.distributed as dist
+PREPARE_WORKER = textwrap.dedent("""
+    import sys
     sys.path.insert(0, {repo!r})
-    from looped import dist as looped_dist
-    dist.init_process_group("gloo", timeout=timedelta(seconds=1))
-    rank = dist.get_rank()
-    def slow_prepare(preset, data_dir=None):
-        if rank == 0:
-            time.sleep(3)          # longer than the default group's 1 s timeout
-            if os.environ.get("FAIL"):
-                raise RuntimeError("no tokenizer here")
-        return data_dir + "/" + preset
-    try:
-        path = looped_dist.prepare_once("tiny", data_dir="/d", prepare=slow_prepare)
-        print("RESULT", rank, path, flush=True)
-    except Exception as e:
-        print("ERROR", rank, type(e).__name__, e, flush=True)
-    dist.barrier()
-    dist.destroy_process_group()
+    from looped.data import dataset
+    print("RESULT", dataset.prepare("tiny", data_dir={data_dir!r}, verbose=True), flush=True)
 """)
 
 
-def _run_two_ranks(tmp_path, extra_env=None):
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER.format(repo=str(REPO)))
+def _two_processes(argv, env=None, timeout=240):
+    """Two processes as torchrun starts them (RANK 0 and 1 of a gloo world of 2); their outputs
+    and exit codes."""
     import socket
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    procs = []
-    for rank in (0, 1):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", **(extra_env or {})}
-        procs.append(subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
-    return [p.communicate(timeout=120)[0] for p in procs]
-
-
-@pytest.mark.timeout(180)
-def test_prepare_once_outlasts_the_process_group_timeout(tmp_path):
-    outs = _run_two_ranks(tmp_path)
-    for rank, out in enumerate(outs):
-        assert f"RESULT {rank} /d/tiny" in out, out
-
-
-@pytest.mark.timeout(180)
-def test_prepare_once_passes_rank0_failure_to_every_rank(tmp_path):
-    outs = _run_two_ranks(tmp_path, {"FAIL": "1"})
-    assert "ERROR 0 RuntimeError no tokenizer here" in outs[0], outs[0]
-    assert "ERROR 1 DataError rank 0 could not prepare" in outs[1] and "no tokenizer here" in outs[1], outs[1]
-
-
-TRAIN_WORKER = textwrap.dedent("""
-    import sys, time
-    from datetime import timedelta
-    import torch.distributed as dist
-    sys.path.insert(0, {repo!r})
-    from looped.data import dataset
-    from looped.train import TrainConfig, train
-    dist.init_process_group("gloo", timeout=timedelta(seconds=2))
-    real_prepare = dataset.prepare
-    def slow_prepare(preset, data_dir=None, **kw):
-        if dist.get_rank() == 0:
-            time.sleep(5)          # longer than the default group's 2 s timeout
-        return real_prepare(preset, data_dir=data_dir, **kw)
-    dataset.prepare = slow_prepare
-    rec = train(TrainConfig(preset="tiny", r=2, s=1, steps=2, micro_batch=2, compile=False, quiet=True,
-                            data_dir={data_dir!r}))
-    print("RESULT", dist.get_rank(), rec["status"], flush=True)
-    dist.destroy_process_group()
-""")
+    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                              env={**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                                   "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
+                                   "PYTHONPATH": str(REPO), **(env or {})})
+             for rank in (0, 1)]
+    return [(p.communicate(timeout=timeout), p.returncode) for p in procs]
 
 
 @pytest.mark.timeout(300)
-def test_train_under_torchrun_outlasts_a_slow_rank0_prepare(tmp_path):
-    # the real trainer, two gloo ranks: rank 0's dataset build outlasts the group's timeout
-    from looped.data import dataset
-    data_dir = tmp_path / "data"
-    dataset.prepare("tiny", data_dir=data_dir)  # built once here; rank 0 still waits 5 s in prepare
+def test_ranks_that_prepare_at_once_build_the_dataset_once(tmp_path):
+    """Under torchrun every rank of `looped sweep` prepares its dataset before the first run: the
+    file lock lets one build it while the other waits (no collective, so no timeout), and both
+    get the finished folder."""
     script = tmp_path / "worker.py"
-    script.write_text(TRAIN_WORKER.format(repo=str(REPO), data_dir=str(data_dir)))
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(script)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={
-                **os.environ,
-                "RANK": str(rank),
-                "WORLD_SIZE": "2",
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-                "OMP_NUM_THREADS": "1",
-            },
-        )
-        for rank in (0, 1)
-    ]
-    outs = [p.communicate(timeout=280)[0] for p in procs]
-    for rank, out in enumerate(outs):
-        assert f"RESULT {rank} ok" in out, out
+    script.write_text(PREPARE_WORKER.format(repo=str(REPO), data_dir=str(tmp_path / "data")))
+    outs = _two_processes([sys.executable, str(script)])
+    assert [code for _, code in outs] == [0, 0], outs
+    assert sum("built " in err for (_, err), _ in outs) == 1, outs
+    assert all(f"RESULT {tmp_path / 'data' / 'shakespeare-bpe256-T32'}" in out for (out, _), _ in outs), outs
+
+
+@pytest.mark.timeout(300)
+def test_train_under_torchrun_without_its_dataset_stops_every_rank_in_one_line(tmp_path):
+    """The trainer reads a prepared dataset and never builds one: under torchrun, without it,
+    every rank exits 2 with the one line naming the command that prepares it, never a traceback
+    or a hang."""
+    argv = [sys.executable, "-m", "looped", "train", "--preset", "tiny", "--recurrences", "2", "--size", "1",
+            "--steps", "2", "--no-compile", "--quiet"]
+    outs = _two_processes(argv, env={"LOOPED_DATA": str(tmp_path / "empty")})
+    for (out, err), code in outs:
+        lines = err.strip().splitlines()
+        assert code == 2 and len(lines) == 1, (code, err)
+        assert lines[0].startswith("looped train: error: no prepared dataset for preset tiny"), lines
+        assert lines[0].endswith("run `looped data prepare --preset tiny` first"), lines

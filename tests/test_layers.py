@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "looped"
 RANK = {"core": 0, "studies": 1, "report": 2}
 DATA_MODULES = {"containers", "corpus", "dataset", "markup", "packing", "prose_v2", "prose_v3", "sources",
                 "tokenizers"}  # looped/data/
-DATA_USERS = {"looped.train", "looped.dist", "looped.options", "looped.cli"}  # core modules that may import it
+DATA_USERS = {"looped.train", "looped.cli"}  # core modules that may import it
 
 
 def module_name(path: Path, package: Path = PACKAGE) -> str:

@@ -717,3 +717,44 @@ def test_a_missing_dataset_stops_the_sweep_once(grid_csv, tmp_path, monkeypatch,
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("looped sweep")]
     assert len(err) == 1 and err[0].startswith("looped sweep: error:") and err[0].endswith("make corpus`")
     assert len(calls) == 1 and not list(out.glob("*.json")) and not (out / "ckpt").exists()
+
+
+def test_the_sweep_prepares_each_dataset_once_before_its_runs(grid_csv, tmp_path, monkeypatch, capsys):
+    """The trainer only reads a dataset: the sweep prepares it, once per preset, before the first
+    run that trains; a dataset it cannot prepare stops the sweep with one line and exit 2, with no
+    run trained and no record written."""
+    from looped.config import DataError
+    from looped.data import dataset
+    prepared, calls = [], []
+    monkeypatch.setattr(dataset, "prepare", lambda preset, data_dir=None: prepared.append(preset.name))
+    monkeypatch.setattr("looped.train.train", fake_train(calls))
+    assert sweep.main([STUDY, "--grid", str(grid_csv), "--preset", "tiny", "--out", str(tmp_path / "o")]) == 0
+    assert prepared == ["tiny"] and len(calls) > 1  # one preparation for every run
+    assert sweep.main([STUDY, "--grid", str(grid_csv), "--preset", "tiny", "--out", str(tmp_path / "o")]) == 0
+    assert prepared == ["tiny"]  # every run finished: nothing to prepare for
+
+    def no_sources(preset, data_dir=None):
+        raise DataError("prose corpus sources missing in /x/sources (bigbench.tar.gz): run `make corpus`\nmore")
+    monkeypatch.setattr(dataset, "prepare", no_sources)
+    calls.clear()
+    capsys.readouterr()
+    out = tmp_path / "p"
+    assert sweep.main([STUDY, "--grid", str(grid_csv), "--preset", "tiny", "--out", str(out)]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and err[0].startswith("looped sweep: error:") and err[0].endswith("make corpus`"), err
+    assert calls == [] and not list(out.glob("*.json"))
+
+
+def test_looped_sweep_without_its_dataset_exits_2_without_a_traceback(grid_csv, tmp_path):
+    """The command itself: a dataset that cannot be prepared (the prose preset without its corpus
+    sources) is one line on stderr and exit 2."""
+    grid = tmp_path / "grid.csv"
+    pd.DataFrame(grid_rows()[:1], columns=GRID_COLUMNS).to_csv(grid, index=False)
+    (tmp_path / "data").mkdir()
+    done = subprocess.run([sys.executable, "-m", "looped", "sweep", STUDY, "--grid", str(grid), "--preset", "prose3",
+                           "--out", str(tmp_path / "o"), "--data-dir", str(tmp_path / "data")],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    err = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    assert done.returncode == 2 and len(err) == 1 and err[0].startswith("looped sweep: error:"), done.stderr
+    assert "no dataset for preset prose3" in err[0] and "Traceback" not in done.stderr

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -571,3 +572,113 @@ def test_training_in_process_prefers_expandable_segments(tiny_data, monkeypatch)
     monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", applied.append)
     memory.prefer_expandable_segments()
     assert applied == ["expandable_segments:True"]
+
+
+# ----------------------------------------------------------------------------- a dataset that is not there
+
+def test_train_without_a_prepared_dataset_stops_in_one_line(tmp_path, capsys):
+    """The trainer reads a prepared dataset and never builds one: without it, a one-line DataError
+    naming the command that prepares it (exit 2 from `looped train`, no traceback), and the data
+    folder is left as it was."""
+    from looped.config import DataError
+    empty = tmp_path / "data"
+    empty.mkdir()
+    with pytest.raises(DataError, match=r"^no prepared dataset for preset tiny .*: run `looped data prepare "
+                                        r"--preset tiny --data-dir .*` first$"):
+        train(TrainConfig(**BASE, steps=2, data_dir=str(empty)))
+    assert list(empty.iterdir()) == []
+    done = subprocess.run(cli("--steps", 2, "--out", tmp_path / "rec.json"), capture_output=True, text=True,
+                          env={**env1(), "LOOPED_DATA": str(empty)}, cwd=tmp_path, timeout=300)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert lines[0].startswith("looped train: error: no prepared dataset for preset tiny (")
+    assert lines[0].endswith(": missing): run `looped data prepare --preset tiny` first")
+    assert list(empty.iterdir()) == [] and not (tmp_path / "rec.json").exists()
+
+
+def test_a_stale_dataset_is_named_as_such(tiny_data, tmp_path):
+    from looped.config import DataError
+    copy = tmp_path / tiny_data.name
+    shutil.copytree(tiny_data, copy)
+    meta = json.loads((copy / "meta.json").read_text())
+    (copy / "meta.json").write_text(json.dumps({**meta, "recipe": -1}))
+    with pytest.raises(DataError, match="stale or damaged"):
+        train(TrainConfig(**BASE, steps=2, data_dir=str(tmp_path)))
+
+
+# ----------------------------------------------------------------------------- the step's recovery (StepGuard)
+
+class FakeDist:
+    world, rank, main, device = 1, 0, True, torch.device("cpu")
+
+
+def guard_of(micro=8, chosen=False, compiled=False):
+    from looped.runtime import StepGuard
+    events = []
+    guard = StepGuard(FakeDist(), micro, [[0, micro]], chosen=chosen, compiled=compiled,
+                      to_eager=lambda: events.append("eager"), zero_grad=lambda: events.append("zero"))
+    return guard, events
+
+
+def test_step_guard_halves_the_micro_batch_until_the_step_fits():
+    guard, events = guard_of(micro=8)
+    tried = []
+
+    def work(micro, loss_sum):
+        tried.append(micro)
+        if micro > 2:
+            raise torch.OutOfMemoryError("simulated")
+        loss_sum += 1.5
+
+    assert guard.step(3, work, also=(lambda: 1,)) == (1.5, [1.0], True)
+    assert tried == [8, 4, 2] and guard.micro == 2 and guard.history == [[0, 8], [3, 4], [3, 2]]
+    assert events == ["zero", "zero"]  # the partial step's gradients, once per retry
+    assert guard.step(4, work) == (1.5, [], False) and guard.history[-1] == [3, 2]
+
+
+def test_step_guard_never_halves_a_chosen_micro_batch_or_one_row():
+    def oom(micro, loss_sum):
+        raise torch.OutOfMemoryError("simulated")
+    for guard, _ in (guard_of(micro=4, chosen=True), guard_of(micro=1)):
+        with pytest.raises(torch.OutOfMemoryError):  # one process: the error itself
+            guard.step(0, oom)
+    guard, _ = guard_of(micro=4, chosen=True)
+    guard.dd.world = 2  # several ranks: the agreed count of ranks, as a TrainError
+    with pytest.raises(TrainError, match="1 of 2 ranks ran out of memory at step 5 with micro-batch 4: lower"):
+        _agree_alone(guard, oom)
+
+
+def _agree_alone(guard, work):
+    """StepGuard.step with world 2 on one process: the all-reduce is the identity."""
+    import torch.distributed
+    real = torch.distributed.all_reduce
+    torch.distributed.all_reduce = lambda t: t.mul_(1)
+    try:
+        return guard.step(5, work)
+    finally:
+        torch.distributed.all_reduce = real
+
+
+def test_step_guard_falls_back_to_eager_once_on_a_failed_compile(capsys):
+    guard, events = guard_of(compiled=True)
+    calls = []
+
+    def work(micro, loss_sum):
+        calls.append(guard.compiled)
+        if guard.compiled:
+            failing_compile(micro, loss_sum)
+        loss_sum += 2.0
+
+    assert guard.step(0, work) == (2.0, [], True)
+    assert calls == [True, False] and events == ["zero", "eager"] and guard.micro == 8
+    assert guard.compiled is False and guard.compile_error == "InductorError: CppCompileError: C++ compile error"
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("looped train: warning: torch.compile failed, training eager")
+    plain, _ = guard_of(compiled=False)  # an eager run has no fallback: the error is the run's
+    with pytest.raises(RuntimeError, match="C[+][+] compile error"):
+        plain.step(0, failing_compile)
+
+
+def failing_compile(micro, loss_sum):
+    import torch._inductor.exc as inductor_exc
+    raise inductor_exc.InductorError(inductor_exc.CppCompileError(["c++", "k.cpp"], "error: no"), None)

@@ -266,6 +266,30 @@ def check_dataset(path: Path, corpus_version: int | None = None) -> dict | None:
         return None
 
 
+def target(p: Preset, data_dir=None, tokenizer: str | os.PathLike = "meta-llama/Llama-2-7b-hf"
+           ) -> tuple[Path, int | None]:
+    """Where a preset's dataset lives (data_dir, default `default_data_dir()`) and the corpus
+    version it must have been built from (None: not a versioned corpus)."""
+    name = _corpus(p)
+    version = corpus.PRESET_VERSION.get(p.name) if name.startswith("prose") else None
+    root = Path(data_dir) if data_dir is not None else default_data_dir()
+    return root / dataset_name(p, name, "gpt2" if str(tokenizer) == "gpt2" else "llama2"), version
+
+
+def locate(preset: Preset | str, data_dir: str | os.PathLike | None = None) -> Path:
+    """The folder of a preset's prepared dataset; a one-line DataError naming the command that
+    prepares it when it is missing, stale (built by another recipe or corpus version) or damaged.
+    Training reads a dataset, it never builds one: `looped data prepare` (or `looped sweep`) does."""
+    p = get_preset(preset)
+    path, version = target(p, data_dir)
+    if check_dataset(path, version) is None:
+        state = "missing" if not (path / "meta.json").exists() else "stale or damaged"
+        where = f" --data-dir {data_dir}" if data_dir is not None else ""
+        raise DataError(f"no prepared dataset for preset {p.name} ({path}: {state}): "
+                        f"run `looped data prepare --preset {p.name}{where}` first")
+    return path
+
+
 def prepare(preset: Preset | str = "cpu", data_dir: str | os.PathLike | None = None, *, force: bool = False,
             source=None, tokenizer: str | os.PathLike = "meta-llama/Llama-2-7b-hf", max_tokens: int | None = None,
             buffer_size: int | None = None, shard_rows: int = 50_000, verbose: bool = False) -> Path:
@@ -287,11 +311,9 @@ def prepare(preset: Preset | str = "cpu", data_dir: str | os.PathLike | None = N
     name = _corpus(p)
     if buffer_size is None:  # Shakespeare's ~70-token documents are cheap to buffer; web pages are not
         buffer_size = 1000 if name == "fineweb-edu" else 10_000
-    version = corpus.PRESET_VERSION.get(p.name) if name.startswith("prose") else None
-    tok_name = "gpt2" if str(tokenizer) == "gpt2" else "llama2"
-    root = Path(data_dir) if data_dir is not None else default_data_dir()
+    final, version = target(p, data_dir, tokenizer)
+    root = final.parent
     root.mkdir(parents=True, exist_ok=True)
-    final = root / dataset_name(p, name, tok_name)
     if not force and check_dataset(final, version):
         return final
     with _lock(root / f".{final.name}.lock"):

