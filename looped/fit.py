@@ -31,7 +31,7 @@ from .io import atomic_write_bytes
 from .law import FitError, Law
 from .mapping import Mapping
 from .resample import cell_resample, cells
-from .solver import LAW_PARAMS, THETA_PARAMS, RunArrays, law_loss, random_starts, solve_restarts
+from .solver import LAW_PARAMS, LOG_SLOTS, THETA_PARAMS, RunArrays, law_loss, natural, random_starts, solve_restarts
 
 REQUIRED = ("r", "n_once", "n_rec", "tokens", "loss")
 
@@ -178,17 +178,13 @@ def mixed_data(df) -> str | None:
 
 @dataclass
 class FitResult:
-    """A fitted law.  A, B, E in natural units (A = exp(a), ...); phi is None for a Chinchilla
-    fit (no run with r > 1 and n_rec > 0, or a per-r fit).  huber is the summed objective at
-    the optimum; ci maps each free parameter to its bootstrap (2.5%, 97.5%) percentiles.  mapping: how
-    r counts (`looped.mapping`), its parameters in mapping_params (the bounded and free mappings have
-    phi None and no `law`; `predict` and `phi_equivalent` work for every mapping)."""
-    A: float
-    alpha: float
-    B: float
-    beta: float
-    E: float
-    phi: float | None
+    """A fitted law and how it was fitted.  `params` is the fitted `Law` (A, B, E in natural units;
+    phi None for a Chinchilla fit: no run with r > 1 and n_rec > 0, or a per-r fit); its six
+    parameters read as attributes (``res.phi``).  huber is the summed objective at the optimum; ci
+    maps each free parameter to its bootstrap (2.5%, 97.5%) percentiles.  mapping: how r counts
+    (`looped.mapping`), its parameters in mapping_params (the bounded and free mappings have phi
+    None and no `law`; `predict` and `phi_equivalent` work for every mapping)."""
+    params: Law
     r2: float
     huber: float
     n_runs: int
@@ -206,12 +202,19 @@ class FitResult:
     mapping_params: dict = field(default_factory=dict)
     boot_theta: np.ndarray | None = field(default=None, repr=False)   # the resamples' solver coordinates
 
+    A = property(lambda self: self.params.A)
+    alpha = property(lambda self: self.params.alpha)
+    B = property(lambda self: self.params.B)
+    beta = property(lambda self: self.params.beta)
+    E = property(lambda self: self.params.E)
+    phi = property(lambda self: self.params.phi)
+
     @property
     def law(self) -> Law:
         """The fitted law (for `looped.law`'s predictions and frontiers)."""
         if self.mapping in ("bounded", "free"):
             raise FitError(f"a fit with the {self.mapping} mapping is no r^phi law: use its predict(df)")
-        return Law(self.A, self.alpha, self.B, self.beta, self.E, self.phi)
+        return self.params
 
     def mapping_of(self) -> Mapping:
         return Mapping.from_params(self.mapping, self.mapping_params)
@@ -259,7 +262,7 @@ class FitResult:
         return {k: (float(v) if isinstance(v, np.floating) else v) for k, v in d.items()}
 
 
-def _parse_fix(fix: dict | None):
+def parse_fix(fix: dict | None):
     """{'phi': 0.5, 'E': 1.7, ...} -> {index in theta: value in log-space coordinates}."""
     out = {}
     for k, v in (fix or {}).items():
@@ -357,7 +360,7 @@ def _fit(df, restarts, seed, fix, bootstrap, boot_restarts, per_r, polish, chinc
     if chinchilla is None:
         chinchilla = is_chinchilla(df)
     mp = Mapping.of("power" if chinchilla else mapping, df["r"])
-    fixed = _parse_fix(fix)
+    fixed = parse_fix(fix)
     if chinchilla:
         fixed = {i: v for i, v in fixed.items() if i != 5}
         fixed[5] = 0.0
@@ -377,11 +380,10 @@ def _fit(df, restarts, seed, fix, bootstrap, boot_restarts, per_r, polish, chinc
     rng_starts, rng_boot, rng_bstarts = (np.random.default_rng(s) for s in ss.spawn(3))
     starts = random_starts(rng_starts, restarts, fixed, lo, hi)
     ((theta, fbest, minima),) = solve_restarts(data, starts, free, polish=polish, lo=lo, hi=hi)
-    params = Law.from_theta(theta, chinchilla or mp.name in ("bounded", "free")).to_dict()
     names = (*LAW_PARAMS[:5], *mp.names)
-    res = FitResult(**params, r2=_r2(theta, data), huber=fbest, n_runs=len(df), restarts=restarts,
-                    kind="chinchilla" if chinchilla else "joint",
-                    fixed={names[i]: (math.exp(v) if i in (0, 2, 4) else v)
+    res = FitResult(Law.from_theta(theta, chinchilla or mp.name in ("bounded", "free")), r2=_r2(theta, data),
+                    huber=fbest, n_runs=len(df), restarts=restarts, kind="chinchilla" if chinchilla else "joint",
+                    fixed={names[i]: (math.exp(v) if i in LOG_SLOTS else v)
                            for i, v in fixed.items() if not (chinchilla and i == 5)},
                     seed=seed, bootstrap=bootstrap, theta=tuple(map(float, theta)), mapping=mp.name,
                     mapping_params=dict(zip(mp.names, map(float, mp.natural(theta[5:])))))
@@ -404,8 +406,7 @@ def _fit(df, restarts, seed, fix, bootstrap, boot_restarts, per_r, polish, chinc
                                   lo=lo, hi=hi)
             thetas += [s[0] for s in sols]
         T = np.array(thetas)
-        nat = T.copy()
-        nat[:, [0, 2, 4]] = np.exp(nat[:, [0, 2, 4]])
+        nat = natural(T)
         nat[:, 5:] = mp.natural(nat[:, 5:])
         if mp.name == "free":   # a phi_R whose runs a resample did not draw is not estimated there: NaN
             nat[:, 5:][W @ data.Z == 0] = np.nan
@@ -433,30 +434,3 @@ def at_bounds(res, tol: float = 1e-6) -> list:
         return []
     return [p for i, p in enumerate((*LAW_PARAMS[:5], *mp.names))
             if p in res.free and (abs(th[i] - lo[i]) < tol or abs(th[i] - hi[i]) < tol)]
-
-
-def format_result(res: FitResult) -> str:
-    """A readable table: parameter, value, bootstrap interval (when there is one)."""
-    lines = [f"{res.kind} law fit: {res.n_runs} runs, {res.restarts} restarts, seed {res.seed}"
-             + (f", {res.bootstrap} bootstrap resamples" if res.bootstrap else "")
-             + (f", mapping {res.mapping}" if res.mapping != "power" else "")]
-    head = f"  {'param':<6} {'value':>12}"
-    if res.ci:
-        head += f" {'2.5%':>12} {'97.5%':>12}"
-    lines.append(head)
-    for name in (*LAW_PARAMS[:5], *res.mapping_of().names):
-        v = getattr(res, name) if name in LAW_PARAMS else res.mapping_params[name]
-        if v is None:
-            lines.append(f"  {name:<6} {'n/a':>12}   (not identifiable: no looped runs)")
-            continue
-        row = f"  {name:<6} {v:>12.6g}"
-        if name in res.fixed:
-            row += "   (fixed)"
-        elif name in res.ci:
-            row += f" {res.ci[name][0]:>12.6g} {res.ci[name][1]:>12.6g}"
-        lines.append(row)
-    lines.append(f"  R^2 (nats) {res.r2:.5f}   Huber sum {res.huber:.6e}   n_runs {res.n_runs}")
-    for r, sub in res.per_r.items():
-        lines.append(f"  per-r Chinchilla r={r}: A={sub.A:.4g} alpha={sub.alpha:.4g} B={sub.B:.4g} "
-                     f"beta={sub.beta:.4g} E={sub.E:.4g} R^2={sub.r2:.4f} Huber={sub.huber:.3e}")
-    return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""`looped fit`: the command line of `looped.fit`.
+"""`looped fit`: the command line of `looped.fit`, and a fit printed as a table (`format_result`).
 
 It fits what it is given and says so: files of a folder it left out (and why) go to stderr, a
 table with the same run twice, with several studies or with runs of several datasets (two
@@ -22,14 +22,14 @@ from .fit import (
     DATA_ROW,
     FIX_KEYS,
     REQUIRED,
+    FitResult,
     SkippedRecords,
-    _parse_fix,
     at_bounds,
     data_rows,
     fit,
-    format_result,
     load_runs,
     mixed_data,
+    parse_fix,
 )
 from .io import add_json_option, destination_error, write_json
 from .law import FitError
@@ -54,7 +54,7 @@ def check_fix(fix: dict) -> None:
     """FitError for a fixed value outside the box the fit searches (the solver would clamp it
     to the edge and the table would still call it fixed)."""
     for name, value in fix.items():
-        ((i, theta),) = _parse_fix({name: value}).items()
+        ((i, theta),) = parse_fix({name: value}).items()
         if not LO[i] <= theta <= HI[i]:
             lo, hi = (math.exp(LO[i]), math.exp(HI[i])) if LAW_PARAMS[i] in ("A", "B", "E") else (LO[i], HI[i])
             raise FitError(f"--fix {name}={fix[name]} lies outside the fitting box: {LAW_PARAMS[i]} in [{lo:.4g}, "
@@ -181,6 +181,33 @@ def memory_error(n_runs: int, restarts: int, bootstrap: int = 0, boot_restarts: 
             f"and {have / 1e9:.1f} GB is available: at most {lo:,} runs fit here; fit fewer (one study: --study NAME)")
 
 
+def format_result(res: FitResult) -> str:
+    """A readable table: parameter, value, bootstrap interval (when there is one)."""
+    lines = [f"{res.kind} law fit: {res.n_runs} runs, {res.restarts} restarts, seed {res.seed}"
+             + (f", {res.bootstrap} bootstrap resamples" if res.bootstrap else "")
+             + (f", mapping {res.mapping}" if res.mapping != "power" else "")]
+    head = f"  {'param':<6} {'value':>12}"
+    if res.ci:
+        head += f" {'2.5%':>12} {'97.5%':>12}"
+    lines.append(head)
+    for name in (*LAW_PARAMS[:5], *res.mapping_of().names):
+        v = getattr(res, name) if name in LAW_PARAMS else res.mapping_params[name]
+        if v is None:
+            lines.append(f"  {name:<6} {'n/a':>12}   (not identifiable: no looped runs)")
+            continue
+        row = f"  {name:<6} {v:>12.6g}"
+        if name in res.fixed:
+            row += "   (fixed)"
+        elif name in res.ci:
+            row += f" {res.ci[name][0]:>12.6g} {res.ci[name][1]:>12.6g}"
+        lines.append(row)
+    lines.append(f"  R^2 (nats) {res.r2:.5f}   Huber sum {res.huber:.6e}   n_runs {res.n_runs}")
+    for r, sub in res.per_r.items():
+        lines.append(f"  per-r Chinchilla r={r}: A={sub.A:.4g} alpha={sub.alpha:.4g} B={sub.B:.4g} "
+                     f"beta={sub.beta:.4g} E={sub.E:.4g} R^2={sub.r2:.4f} Huber={sub.huber:.3e}")
+    return "\n".join(lines)
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="looped fit", description="Fit the joint scaling law (phi) to a runs table.")
     ap.add_argument("path", help="runs CSV (columns r, n_once, n_rec, tokens, loss; optional budget, s, study, "
@@ -297,4 +324,4 @@ def main(argv=None) -> int:
     return 0
 
 
-__all__ = ["FIX_KEYS", "check_fix", "duplicate_runs", "main", "parse_fix_args"]
+__all__ = ["FIX_KEYS", "check_fix", "duplicate_runs", "format_result", "main", "parse_fix_args"]

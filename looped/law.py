@@ -71,9 +71,9 @@ class Law:
         return dataclasses.replace(self, **changes)
 
     def effective_n(self, n_once, n_rec, r):
-        """N_once + r^phi N_rec (N_once + N_rec for a Chinchilla law); arrays broadcast."""
+        """N_once + r^phi N_rec (`accounting.n_effective`; N_once + N_rec for a Chinchilla law); arrays broadcast."""
         n_once, n_rec, r = (np.asarray(v, float) for v in (n_once, n_rec, r))
-        return n_once + n_rec if self.phi is None else n_once + r ** self.phi * n_rec
+        return n_once + n_rec if self.phi is None else acc.n_effective(n_once, n_rec, r, self.phi)
 
     def size_slope(self, n_eff):
         """How much the size term A N_eff^-alpha falls per e-fold of N_eff (nats): alpha A N_eff^-alpha.
@@ -108,6 +108,35 @@ def residuals(law, df) -> np.ndarray:
     return df["loss"].to_numpy(float) - predict(law, df["n_once"], df["n_rec"], df["r"], df["tokens"])
 
 
+def synthetic_losses(law, runs, rng: np.random.Generator, *, noise: float | None = 0.0, cell_sd: float = 0.0,
+                     cells=None, cells_first: bool = False, log_shifts=()) -> np.ndarray:
+    """The one simulator of synthetic runs: the losses (nats) a law gives the runs of a table (its
+    n_once, n_rec, r and tokens), shifted in log loss by each of `log_shifts` in turn (a number, or
+    one per run), plus Gaussian noise drawn from `rng`: `noise` nats per run (None: none drawn)
+    and, given `cells` (a cell id per run), one shift of `cell_sd` nats shared by each cell's runs,
+    drawn after the runs' noise (before it with `cells_first`).  Noise of SD 0 is still drawn, so
+    the stream of draws does not depend on the SDs."""
+    loss = as_law(law).predict(runs["n_once"], runs["n_rec"], runs["r"], runs["tokens"])
+    if len(log_shifts):
+        log_loss = np.log(loss)
+        for shift in log_shifts:
+            log_loss = log_loss + shift
+        loss = np.exp(log_loss)
+
+    def white():
+        return 0.0 if noise is None else rng.normal(0.0, noise, len(loss))
+
+    def shared():
+        return rng.normal(0.0, cell_sd, cells.max() + 1)[cells]
+    if cells is None:
+        return loss + white()
+    if cells_first:
+        shift = shared()
+        return loss + shift + white()
+    draw = white()
+    return loss + draw + shared()
+
+
 def residual_cells(law, df) -> "pd.DataFrame":
     """Mean residual (actual minus predicted, nats) per training budget (rows) and r (columns).
 
@@ -118,6 +147,15 @@ def residual_cells(law, df) -> "pd.DataFrame":
     return table.pivot_table(index="budget", columns="r", values="residual", aggfunc="mean")
 
 
+
+
+def parabola(u, y) -> tuple[tuple[float, float, float], float, float]:
+    """The least-squares parabola y = c0 + c1 u + c2 u^2 through the points (u, y) (at one budget,
+    u = log N and y the loss: the iso-FLOP profile) and its vertex: ((c2, c1, c0), u*, y*).  The
+    vertex is a minimum only where c2 > 0; for a straight line (c2 = 0) u* and y* are NaN."""
+    c2, c1, c0 = np.polyfit(u, y, 2)
+    us = -c1 / (2 * c2) if c2 != 0 else float("nan")
+    return (c2, c1, c0), us, c0 + c1 * us + c2 * us * us
 
 
 def config_at_width(preset, r: int, d: float, injection=None, bptt_k=None):
@@ -163,13 +201,13 @@ def effective_sizes(preset="paper", r: int = 4, s: float = 32, *, phi: float,
     return {
         "r": r, "s": s, "d_model": cfg.d_model, "phi": phi,
         "n_once": no, "n_rec": nr, "unique": no + nr,
-        "loss_equivalent": no + r ** phi * nr,
+        "loss_equivalent": acc.n_effective(no, nr, r, phi),
         "compute_equivalent": float(n_ce), "flops_per_token": fl,
         "plain_unique": n_plain, "plain_flops_per_token": acc.flops_per_token(plain),
-        "unique_ratio": (no + nr) / n_plain, "loss_equivalent_ratio": (no + r ** phi * nr) / n_plain,
+        "unique_ratio": (no + nr) / n_plain, "loss_equivalent_ratio": acc.n_effective(no, nr, r, phi) / n_plain,
         "compute_equivalent_ratio": n_ce / n_plain,
         "block_unique_ratio": depth / eff_depth,
-        "block_loss_equivalent_ratio": (once_blocks + r ** phi * rec_blocks) / eff_depth,
+        "block_loss_equivalent_ratio": acc.n_effective(once_blocks, rec_blocks, r, phi) / eff_depth,
     }
 
 
@@ -183,7 +221,7 @@ def effective_size_vs_phi(preset: str = "paper", s: float = 32, r_values=(2, 4, 
         e = effective_sizes(preset, r=r, s=s, phi=0.0)
         for phi in phis:
             rows.append(dict(r=r, phi=float(phi), unique=e["unique_ratio"],
-                             loss_equivalent=(e["n_once"] + r ** phi * e["n_rec"]) / e["plain_unique"],
+                             loss_equivalent=acc.n_effective(e["n_once"], e["n_rec"], r, phi) / e["plain_unique"],
                              compute_equivalent=e["compute_equivalent_ratio"]))
     return pd.DataFrame(rows)
 
@@ -218,10 +256,9 @@ def compute_optimal(law, preset="paper", r=R_VALUES, *, budgets, s_grid=None,
             u = np.log(no + nr)
             n_s, l_s = no[i] + nr[i], L[i]
             if 0 < i < len(L) - 1:
-                c2, c1, c0 = np.polyfit(u[i - 1:i + 2], L[i - 1:i + 2], 2)
+                (c2, _, _), us, ls = parabola(u[i - 1:i + 2], L[i - 1:i + 2])
                 if c2 > 0:
-                    us = -c1 / (2 * c2)
-                    n_s, l_s = float(np.exp(us)), float(c0 + c1 * us + c2 * us * us)
+                    n_s, l_s = float(np.exp(us)), float(ls)
             rows.append(dict(r=rr, budget=C, s=cfgs[i].s, d_model=cfgs[i].d_model, n=no[i] + nr[i],
                              n_once=no[i], n_rec=nr[i], tokens=D[i], loss=L[i],
                              tokens_per_param=D[i] / (no[i] + nr[i]), n_star=n_s, loss_star=l_s,
@@ -252,7 +289,6 @@ def compute_optimal_frontier(law, preset="paper", r=R_VALUES, *, budgets,
         k = bptt_k(rr) if callable(bptt_k) else bptt_k
         k = None if (k is None or k >= rr) else k
         poly = width_polynomials(preset, rr, injection if rr > 1 else None, k)
-        gain = 1.0 if p.phi is None else float(rr) ** p.phi
 
         def parts(u):
             d = np.exp(u)
@@ -270,7 +306,8 @@ def compute_optimal_frontier(law, preset="paper", r=R_VALUES, *, budgets,
             no, nr, fl = (float(v) for v in parts(u))
             n = no + nr
             rows.append(dict(r=rr, budget=float(C), d_model=float(np.exp(u)), n_star=n, n_once=no, n_rec=nr,
-                             n_eff=no + gain * nr, tokens_star=C / fl, tokens_per_param=C / fl / n,
+                             n_eff=no + nr if p.phi is None else acc.n_effective(no, nr, float(rr), p.phi),
+                             tokens_star=C / fl, tokens_per_param=C / fl / n,
                              flops_per_token=fl, loss_star=float(loss(u)),
                              at_edge=bool(u - lo < 1e-6 or hi - u < 1e-6)))
     return pd.DataFrame(rows)

@@ -29,16 +29,29 @@ from scipy.special import huber, logsumexp
 
 THETA_PARAMS = ("a", "alpha", "b", "beta", "e", "phi")    # optimisation coordinates (log A, ..., log E)
 LAW_PARAMS = ("A", "alpha", "B", "beta", "E", "phi")      # the law's parameters, reported in natural units
+LOG_SLOTS = [0, 2, 4]                                      # A, B and E enter theta as their logs
 
+
+def natural(T, log_slots=LOG_SLOTS) -> np.ndarray:
+    """Rows (or one row) of solver coordinates with A, B, E (and any further `log_slots`) back in
+    natural units; the other columns as they are.  A copy.  One law: `Law.from_theta`."""
+    out = np.array(T, float)
+    out[..., log_slots] = np.exp(out[..., log_slots])
+    return out
+
+
+def to_theta(P, log_slots=LOG_SLOTS) -> np.ndarray:
+    """Rows (or one row) of law parameters in natural units (A, alpha, B, beta, E, phi, ...) as
+    solver coordinates: `natural`'s inverse.  A copy.  One law: `Law.theta`."""
+    out = np.array(P, float)
+    out[..., log_slots] = np.log(out[..., log_slots])
+    return out
 
 LO = np.array([-5.0, 0.0, -5.0, 0.0, -3.0, -3.0])
 
-
 HI = np.array([35.0, 2.5, 35.0, 2.5, 2.0, 3.0])
 
-
 WIDTH = HI - LO
-
 
 HUBER_DELTA = 1e-3
 

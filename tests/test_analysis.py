@@ -7,12 +7,13 @@ import pandas as pd
 import pytest
 
 from looped.fit import FitResult
+from looped.law import Law
 from looped.studies import iso_flop, phi_fits
 
 
 def _fit(phi, lo=None, hi=None, r2=0.99, theta=(), n_runs=40):
     ci = {} if lo is None else {"phi": (lo, hi)}
-    return FitResult(A=28.0, alpha=0.2, B=900.0, beta=0.37, E=1.57, phi=phi, r2=r2, huber=0.0, n_runs=n_runs,
+    return FitResult(Law(A=28.0, alpha=0.2, B=900.0, beta=0.37, E=1.57, phi=phi), r2=r2, huber=0.0, n_runs=n_runs,
                      restarts=10, ci=ci, theta=theta)
 
 

@@ -11,12 +11,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from looped.fit import FitResult  # noqa: E402
+from looped.law import Law  # noqa: E402
 from looped.report import figures  # noqa: E402
 from looped.studies.paper import PAPER_PHI  # noqa: E402
 
 
 def _law(phi):
-    return FitResult(A=28.0, alpha=0.2, B=900.0, beta=0.37, E=1.57, phi=phi, r2=1.0, huber=0.0, n_runs=0, restarts=0)
+    return FitResult(Law(A=28.0, alpha=0.2, B=900.0, beta=0.37, E=1.57, phi=phi), r2=1.0, huber=0.0, n_runs=0,
+                     restarts=0)
 
 
 def _runs(phi=0.5):
@@ -147,10 +149,11 @@ def test_bootstrap_histogram_counts_box_edge_resamples_without_drawing_them():
     import matplotlib.pyplot as plt
 
     from looped.fit import FitResult
+    from looped.law import Law
     from looped.report import fit_figures
     boot = np.zeros((200, 6))
     boot[:, 5] = np.r_[np.random.default_rng(0).normal(0.64, 0.07, 199), -3.0]   # one resample on the edge
-    res = FitResult(A=1, alpha=0.3, B=1, beta=0.3, E=1, phi=0.64, r2=0.99, huber=0, n_runs=10, restarts=1,
+    res = FitResult(Law(A=1, alpha=0.3, B=1, beta=0.3, E=1, phi=0.64), r2=0.99, huber=0, n_runs=10, restarts=1,
                     ci={"phi": (0.55, 0.80)})
     res.boot_samples = boot
     fig, ax = plt.subplots()

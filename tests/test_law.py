@@ -47,7 +47,7 @@ def test_law_value_type():
     assert law.Law.from_dict({k: v for k, v in p.to_dict().items() if k != "phi"}) == chin
     with pytest.raises(F.FitError, match="no value for E"):
         law.Law.from_dict({"A": 1, "alpha": 0.3, "B": 1, "beta": 0.3})
-    res = F.FitResult(**p.to_dict(), r2=1, huber=0, n_runs=116, restarts=0)
+    res = F.FitResult(p, r2=1, huber=0, n_runs=116, restarts=0)
     assert res.law == p and law.as_law(res) == p and law.as_law(p) is p
     np.testing.assert_array_equal(law.predict(res, n_once, n_rec, r, tokens), p.predict(n_once, n_rec, r, tokens))
     with pytest.raises(TypeError, match="Law.from_dict"):
@@ -137,7 +137,7 @@ def test_width_polynomials_are_the_accounting():
 
 
 def test_compute_optimal_frontier():
-    res = F.FitResult(**paper.PAPER_LAW.to_dict(), r2=1, huber=0, n_runs=116, restarts=0)
+    res = F.FitResult(paper.PAPER_LAW, r2=1, huber=0, n_runs=116, restarts=0)
     fr = law.compute_optimal_frontier(paper.PAPER_LAW, r=(1, 4), budgets=[1e18, 1e19])
     assert len(fr) == 4 and not fr["at_edge"].any()
     # the FitResult and its Law give the same frontier; its losses are the law's

@@ -83,12 +83,13 @@ def _case_study(delta_boot, base_E=math.exp(-3), lo_phi=0.5):
     import numpy as np
 
     from looped.fit import FitResult
+    from looped.law import Law
     from looped.solver import LO
     from looped.studies.case_studies import CaseStudy
     cells = pd.DataFrame({"budget": [1e11, 1e11, 3e11], "r": [1, 2, 2]})
 
     def fake(phi, E, boot_phi):
-        res = FitResult(A=5.0, alpha=0.2, B=100.0, beta=0.3, E=E, phi=phi, r2=0.95, huber=1e-3, n_runs=3,
+        res = FitResult(Law(A=5.0, alpha=0.2, B=100.0, beta=0.3, E=E, phi=phi), r2=0.95, huber=1e-3, n_runs=3,
                         restarts=1)
         res.theta = np.array([np.log(5.0), 0.2, np.log(100.0), 0.3, np.log(E), phi])
         res.boot_samples = np.zeros((len(boot_phi), 6))

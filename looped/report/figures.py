@@ -11,7 +11,7 @@ import numpy as np
 
 from ..accounting import flops_per_token, n_once, n_rec
 from ..config import R_VALUES, model_config
-from ..law import as_law
+from ..law import as_law, parabola
 from ..studies.architecture import accounting_grid
 from ..studies.paper import PAPER_PHI
 from .fit_figures import (  # noqa: F401
@@ -163,15 +163,12 @@ def plot_iso_flop_curves(table, axes=None, min_runs: int = 3, unit: str = "nats"
             ax.plot(g.n, g.loss, "o", color=color, ms=5, label=f"C = {budget:.3g}")
             if len(g) >= min_runs:
                 u = np.log(g.n.to_numpy(float))
-                c2, c1, c0 = np.polyfit(u, g.loss.to_numpy(float), 2)
+                (c2, c1, c0), us, ys = parabola(u, g.loss.to_numpy(float))
                 uu = np.linspace(u.min() - 0.15, u.max() + 0.15, 100)
                 ax.plot(np.exp(uu), c0 + c1 * uu + c2 * uu ** 2, "-", color=color, lw=1.4, alpha=0.8)
                 if c2 != 0:
-                    us = -c1 / (2 * c2)
-                    good = c2 > 0 and u.min() <= us <= u.max()
-                    if good:
-                        ax.plot(np.exp(us), c0 + c1 * us + c2 * us ** 2, "*", color=color, ms=14,
-                                mec="black", mew=0.7, zorder=5)
+                    if c2 > 0 and u.min() <= us <= u.max():
+                        ax.plot(np.exp(us), ys, "*", color=color, ms=14, mec="black", mew=0.7, zorder=5)
                     else:
                         ax.plot(g.n.iloc[g.loss.to_numpy().argmin()], g.loss.min(), "x", color="black",
                                 ms=8, mew=1.5, zorder=5)

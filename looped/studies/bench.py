@@ -18,7 +18,17 @@ from .. import accounting
 from ..config import ConfigError, get_preset, model_config
 from ..fit import bootstrap_weights, fit
 from ..io import add_json_option, destination_error, write_json
-from ..solver import LO, WIDTH, RunArrays, lbfgsb, objective, random_starts, serial_fit, solve_restarts
+from ..solver import (
+    LO,
+    WIDTH,
+    RunArrays,
+    lbfgsb,
+    objective,
+    random_starts,
+    serial_fit,
+    solve_restarts,
+    to_theta,
+)
 from .paper import PAPER_LAW, synthetic_runs
 
 PATHS = ("eager", "fast")
@@ -354,8 +364,7 @@ def bench_fit(argv=None) -> int:
         for i in range(m):
             st = random_starts(rng_b, R, {})                           # resample i's starts in fit()
             w = W[i]
-            th_w = np.array(res.boot_samples[i], float)
-            th_w[[0, 2, 4]] = np.log(th_w[[0, 2, 4]])
+            th_w = to_theta(res.boot_samples[i])
             f_fit = float(objective(th_w[None], data, w[None], order=0)[0])
             _, fs, _, _ = serial_fit(data, st[:kb], free, weights=w)
             ((_, fb, _),) = solve_restarts(data, st[:kb], free, weights=np.repeat(w[None], kb, 0), polish=1)

@@ -13,7 +13,7 @@ import pandas as pd
 
 from ..config import R_VALUES
 from ..fit import FitError, validate_runs
-from ..law import residuals
+from ..law import parabola, residuals
 
 
 def main_design(runs):
@@ -64,10 +64,8 @@ def iso_flop_minima(df) -> "pd.DataFrame":
             continue
         u = np.log(g["n_once"].to_numpy() + g["n_rec"].to_numpy())
         y = g["loss"].to_numpy()
-        c2, c1, c0 = np.polyfit(u, y, 2)
+        (c2, _, _), us, ls = parabola(u, y)
         opens = c2 > 0
-        us = -c1 / (2 * c2) if c2 != 0 else float("nan")
-        ls = c0 + c1 * us + c2 * us * us
         k1, k0 = np.polyfit(u, np.log(g["tokens"].to_numpy()), 1)
         rows.append(dict(budget=c, r=int(r) if float(r).is_integer() else r, n_runs=len(g),
                          n_star=float(np.exp(us)), loss_star=float(ls), tokens_star=float(np.exp(k0 + k1 * us)),

@@ -18,7 +18,7 @@ import pandas as pd
 
 from ..fit import FitError, fit, validate_runs
 from ..resample import cell_resample, cells
-from ..solver import HI, LO, RunArrays, law_loss, random_starts, solve_restarts
+from ..solver import HI, LO, LOG_SLOTS, RunArrays, law_loss, natural, random_starts, solve_restarts
 
 FIVE = ("A", "alpha", "B", "beta", "E")
 LOG_KAPPA_BOX = (-5.0, 5.0)
@@ -37,7 +37,8 @@ def check_runs(df, need=("budget",)) -> pd.DataFrame:
     return df
 
 
-def _rmse(x) -> float:
+def rmse(x) -> float:
+    """The root mean square of x (residuals: nats, or log loss)."""
     return float(np.sqrt(np.mean(np.square(x))))
 
 
@@ -69,7 +70,7 @@ def fit_residuals(res, df) -> np.ndarray:
 def fit_row(res, df) -> dict:
     """`MultiFit.row`'s columns for a `looped.fit` result on df: the one-phi law in the same tables."""
     lo, hi = res.ci.get("phi", NAN2)
-    return dict(phi=res.phi, phi_lo=lo, phi_hi=hi, r2=res.r2, rmse=_rmse(fit_residuals(res, df)),
+    return dict(phi=res.phi, phi_lo=lo, phi_hi=hi, r2=res.r2, rmse=rmse(fit_residuals(res, df)),
                 n_runs=len(df), huber=res.huber)
 
 
@@ -101,16 +102,15 @@ def fit_multi(df, X, labels, kappa=False, restarts=64, seed=0, bootstrap=0, boot
     starts = np.vstack([np.r_[nested.theta[:5], c, [0.0] * (kappa + m)], random_starts(rng_s, restarts, fixed, **box)])
     ((theta, f, _),) = solve_restarts(d, starts, free, polish=3, **box)
     j = 5 + k + kappa
-    nat = lambda t: np.r_[np.exp(t[0]), t[1], np.exp(t[2]), t[3], np.exp(t[4]), t[5:5 + k],  # noqa: E731
-                          np.exp(t[5 + k:j]), t[j:]]
+    log_slots = [*LOG_SLOTS, *range(5 + k, j)]  # A, B, E and the kappas
     ci, n_valid = {}, {}
     if bootstrap:
         W, per = cell_resample(cells(df), rng_b, bootstrap), 1 + boot_restarts
         starts = np.vstack([np.vstack([theta, random_starts(rng_bs, boot_restarts, fixed, **box)])
                             for _ in range(bootstrap)])
         group = np.repeat(np.arange(bootstrap), per)
-        T = np.array([nat(t) for t, _, _ in solve_restarts(d, starts, free, np.repeat(W, per, 0), group, bootstrap,
-                                                           polish=1, **box)])
+        sols = solve_restarts(d, starts, free, np.repeat(W, per, 0), group, bootstrap, polish=1, **box)
+        T = np.array([natural(t, log_slots) for t, _, _ in sols])
         seen = (W * looped) @ np.abs(X) > 0                    # (B, k): a c with no looped run drawn is free
         for i in np.flatnonzero(free):
             ok = seen[:, i - 5] if 5 <= i < 5 + k else np.ones(bootstrap, bool)
@@ -118,7 +118,8 @@ def fit_multi(df, X, labels, kappa=False, restarts=64, seed=0, bootstrap=0, boot
             ci[names[i]] = tuple(map(float, np.percentile(T[ok, i], [2.5, 97.5]))) if ok.any() else NAN2
     resid = d.loss - law_loss(theta, d)
     r2 = 1 - float(resid @ resid) / float(((d.loss - d.loss.mean()) ** 2).sum())
-    return MultiFit(dict(zip(names, map(float, nat(theta)))), ci, n_valid, f, r2, _rmse(resid), len(df), theta)
+    return MultiFit(dict(zip(names, map(float, natural(theta, log_slots)))), ci, n_valid, f, r2, rmse(resid), len(df),
+                    theta)
 
 
 def onehot(values, levels=None) -> tuple[np.ndarray, list]:

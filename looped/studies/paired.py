@@ -26,7 +26,7 @@ from ..config import DEFAULT_SEED
 from ..fit import FitError, FitResult, at_bounds, fit, load_runs, validate_runs
 from ..law import Law
 from ..resample import cell_resample, cells
-from ..solver import HI, LO, RunArrays, log_law, solve_restarts
+from ..solver import HI, LO, RunArrays, log_law, solve_restarts, to_theta
 
 KEYS = ("budget", "r", "s", "seed", "data_order")
 FOLDERS = ("cpu-main", "cpu-truncated", "cpu-hyper", "cpu-controls", "cpu-matched", "cpu-replicates")
@@ -176,13 +176,6 @@ def _runs(P, side: str, S=None) -> RunArrays:
     return runs.design(np.ones((len(P), 2)), offsets=S)
 
 
-def _thetas(samples) -> np.ndarray:
-    """Solver coordinates (K, 6) of law rows in natural units (A, alpha, B, beta, E, phi)."""
-    T = np.array(samples, float).reshape(-1, 6)
-    T[:, [0, 2, 4]] = np.log(T[:, [0, 2, 4]])
-    return T
-
-
 def _solve(T, P, W, offset):
     """(dphi (K,), offsets (K, G), log residuals of row 0 (n,)) per law row of T (K, 6, solver
     coordinates) and pair weights W (K, n): the core solver on the variant runs, the law's six
@@ -254,7 +247,7 @@ def paired_estimate(main_df, variant_df, controls=None, offset=False, law: FitRe
     d0, c0, resid = _solve(main_of(law).theta[None], P, np.ones((1, len(P))), how)  # observed - predicted
     W = _pair_weights(P, np.random.default_rng([seed, 7]), bootstrap, groups) if bootstrap else None
     db, cb = (np.empty(0), np.empty((0, 1))) if not bootstrap else \
-        _solve(_thetas(law.boot_samples[:bootstrap]), P, W, how)[:2]
+        _solve(to_theta(law.boot_samples[:bootstrap]), P, W, how)[:2]
     one = P["r"].to_numpy() == 1
     r1 = None
     if one.sum() > 1:
@@ -280,7 +273,7 @@ def paired_difference(main_df, variant_a, variant_b, law: FitResult, bootstrap=1
     ests = {}
     for name, P in (("a", Pa), ("b", Pb)):
         d0 = _solve(main_of(law).theta[None], P, np.ones((1, len(P))), False)[0]
-        db = _solve(_thetas(law.boot_samples[:bootstrap]), P, W, False)[0] if bootstrap else np.empty(0)
+        db = _solve(to_theta(law.boot_samples[:bootstrap]), P, W, False)[0] if bootstrap else np.empty(0)
         ests[name] = (d0[0], db)
     diff = _estimate(ests["a"][0] - ests["b"][0], ests["a"][1] - ests["b"][1], len(Pa))
     return {"a": _estimate(*ests["a"], len(Pa)), "b": _estimate(*ests["b"], len(Pb)), "difference": diff}

@@ -23,6 +23,7 @@ import pandas as pd
 from ..config import REPO
 from ..fit import FitError, FitResult, load_runs, validate_runs
 from ..io import atomic_write_json, json_ready
+from ..law import synthetic_losses
 from ..solver import HUBER_DELTA
 from .paired import (
     load_arms,
@@ -95,11 +96,9 @@ def synthetic(law: FitResult, df, dphi=0.0, offset=0.0, resid=None, noise_sd=0.0
     the shared log residual of each (budget, r, s) in `resid` and independent noise in nats."""
     out = validate_runs(df).copy()
     law = main_of(law)
-    law = law.replace(phi=law.phi + dphi)
-    logl = np.log(law.predict(out["n_once"], out["n_rec"], out["r"], out["tokens"])) + offset
-    logl += np.array([(resid or {}).get(k, 0.0) for k in run_key(out)])
-    noise = rng.normal(0.0, noise_sd, len(out)) if noise_sd else 0.0
-    out["loss"] = np.exp(logl) + noise
+    shared = np.array([(resid or {}).get(k, 0.0) for k in run_key(out)])
+    out["loss"] = synthetic_losses(law.replace(phi=law.phi + dphi), out, rng, noise=noise_sd or None,
+                                   log_shifts=(offset, shared))
     return out
 
 

@@ -26,7 +26,7 @@ from scipy.optimize import brentq
 
 from .. import accounting as acc
 from ..config import shipped
-from ..law import Law, config_at_width, predict
+from ..law import Law, config_at_width, predict, synthetic_losses
 from .registry import GRID_FILES, load_study
 
 if TYPE_CHECKING:
@@ -147,7 +147,6 @@ def synthetic_runs(changes: dict | None = None, noise: float = 0.01, seed: int =
     noise of `noise` nats."""
     law = PAPER_LAW.replace(**(changes or {}))
     df = (paper_grid() if grid is None else grid).copy()
-    clean = law.predict(df["n_once"], df["n_rec"], df["r"], df["tokens"])
-    df["loss"] = clean + np.random.default_rng(seed).normal(0.0, noise, len(df))
+    df["loss"] = synthetic_losses(law, df, np.random.default_rng(seed), noise=noise)
     df["status"] = "ok"
     return df

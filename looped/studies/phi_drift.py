@@ -13,9 +13,8 @@ import pandas as pd
 from scipy import stats
 
 from ..fit import FitError, fit
-from ..law import Law
+from ..law import Law, synthetic_losses
 from ..resample import cells
-from ..solver import RunArrays, law_loss
 from .law_variants import FIVE, NAN2, check_runs, fit_multi, fit_row, onehot
 from .paper import PAPER_DIR, PAPER_LAW, runs_from_minima
 
@@ -89,12 +88,12 @@ def trend_simulation(df, law: dict, cell_sd: float, noise: float, n_draws=100, r
     one shift per (budget, r) cell of SD `cell_sd` nats (the law's misfit, as observed) and white
     noise of SD `noise` nats (seed noise), each draw's phi1 refitted.  Returns the null mean and SD of phi1."""
     design = check_runs(df)
-    truth, cell = law_loss(Law.from_dict(law).theta, RunArrays.from_frame(design)), cells(design)
+    truth, cell = Law.from_dict(law), cells(design)
     rng, centre = np.random.default_rng([seed, 3]), float(np.log10(sorted(design["budget"].unique())).mean())
     X = np.column_stack([np.ones(len(design)), np.log10(design["budget"].to_numpy(float)) - centre])
     draws = []
     for i in range(n_draws):
-        y = truth + rng.normal(0, cell_sd, cell.max() + 1)[cell] + rng.normal(0, noise, len(design))
+        y = synthetic_losses(truth, design, rng, noise=noise, cell_sd=cell_sd, cells=cell, cells_first=True)
         draws.append(fit_multi(design.assign(loss=y), X, ["phi_mid", "phi1"], restarts=restarts,
                                seed=seed + i).params["phi1"])
     d = np.asarray(draws)

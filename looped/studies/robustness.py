@@ -29,10 +29,10 @@ from scipy import stats
 from ..config import REPO, model_config, repo_relative
 from ..fit import FitError, fit, load_runs
 from ..io import atomic_write_json, json_ready
-from ..law import Law
+from ..law import Law, synthetic_losses
 from ..resample import cells
-from ..solver import LAW_PARAMS, RunArrays, law_loss
-from .law_variants import NAN2, _rmse, check_runs, fit_multi, fit_residuals, fit_row, onehot
+from ..solver import LAW_PARAMS
+from .law_variants import NAN2, check_runs, fit_multi, fit_residuals, fit_row, onehot, rmse
 from .paper import PAPER_LAW, design_of, paper_grid, paper_table
 from .phi_drift import add_budgets, phi_vs_compute, power, trend_simulation
 from .registry import STUDIES, load_study
@@ -133,7 +133,7 @@ def robustness_table(df, restarts=500, bootstrap=200, seed=0, boot_restarts=None
 def _by(e, keys, name) -> pd.DataFrame:
     g = pd.DataFrame({name: keys, "e": e}).groupby(name)["e"]
     return pd.DataFrame({"n": g.size(), "mean": g.mean(), "se": g.std(ddof=1) / np.sqrt(g.size()),
-                         "rmse": g.apply(_rmse)}).reset_index()
+                         "rmse": g.apply(rmse)}).reset_index()
 
 
 def goodness_of_fit(df, seed_df=None, restarts=500, seed=0, n_params=6, drift=None) -> dict:
@@ -152,13 +152,13 @@ def goodness_of_fit(df, seed_df=None, restarts=500, seed=0, n_params=6, drift=No
     F = var / rep["seed_sd"] ** 2 if rep["df_pe"] else math.nan
     cell_means = pd.Series(e).groupby(cells(df)).mean()
     summ = dict(
-        rmse=_rmse(e),
+        rmse=rmse(e),
         cell_sd=float(cell_means.std(ddof=1)),   # SD of the (budget, r) cells' mean residual: the misfit's scale
         seed42=protocol_shift(df, seeds),
         seed_order=seed_and_order(df, seeds),   # the cpu-order runs, once trained
         resid_sd=math.sqrt(var),
         **rep,
-        rmse_over_seed_sd=_rmse(e) / rep["seed_sd"],
+        rmse_over_seed_sd=rmse(e) / rep["seed_sd"],
         F=F,
         df1=n - n_params,
         df2=rep["df_pe"],
@@ -177,12 +177,12 @@ def goodness_of_fit(df, seed_df=None, restarts=500, seed=0, n_params=6, drift=No
             df[df["budget"] == b],
         )
         eb = fit_residuals(rb, test)
-        lobo.append(dict(budget=b, n_runs=len(test), mean_error=float(eb.mean()), rmse=_rmse(eb), phi=rb.phi))
+        lobo.append(dict(budget=b, n_runs=len(test), mean_error=float(eb.mean()), rmse=rmse(eb), phi=rb.phi))
     held = []   # the budgets this fit never saw
     for b, g in ([] if drift is None or not len(drift) else check_runs(drift).groupby("budget")):
         eh = fit_residuals(res, g)
-        held.append(dict(budget=b, n_runs=len(g), mean_error=float(eh.mean()), rmse=_rmse(eh),
-                         rmse_over_seed_sd=_rmse(eh) / rep["seed_sd"]))
+        held.append(dict(budget=b, n_runs=len(g), mean_error=float(eh.mean()), rmse=rmse(eh),
+                         rmse_over_seed_sd=rmse(eh) / rep["seed_sd"]))
     return dict(
         summary=summ,
         by_r=_by(e, df["r"].to_numpy(), "r"),
@@ -208,11 +208,11 @@ def synthetic_recovery(design_df, law: dict, n_draws=50, noise=0.01, kind="white
     if n_draws < 1:
         raise FitError("n_draws must be at least 1")
     design = check_runs(pd.DataFrame(design_df).assign(loss=1.0))
-    truth, cell = law_loss(Law.from_dict(law).theta, RunArrays.from_frame(design)), cells(design)
+    truth, cell = Law.from_dict(law), cells(design)
     rng, sd_cell = np.random.default_rng(seed), (noise if cell_noise is None else cell_noise) * (kind == "cell")
     rows = []
     for i in range(n_draws):
-        y = truth + rng.normal(0, noise, len(design)) + rng.normal(0, sd_cell, cell.max() + 1)[cell]
+        y = synthetic_losses(truth, design, rng, noise=noise, cell_sd=sd_cell, cells=cell)
         res = fit(
             design.assign(loss=y), restarts=restarts, seed=seed + i, bootstrap=bootstrap, boot_restarts=boot_restarts
         )
@@ -221,7 +221,7 @@ def synthetic_recovery(design_df, law: dict, n_draws=50, noise=0.01, kind="white
     d = pd.DataFrame(rows)
     err = d["phi"] - law["phi"]
     return dict(summary=dict(phi_true=law["phi"], mean=float(d["phi"].mean()), bias=float(err.mean()),
-                             sd=float(d["phi"].std(ddof=1)) if n_draws > 1 else math.nan, rmse=_rmse(err),
+                             sd=float(d["phi"].std(ddof=1)) if n_draws > 1 else math.nan, rmse=rmse(err),
                              coverage=float(d["covered"].mean()) if bootstrap else math.nan,
                              mean_width=float((d["phi_hi"] - d["phi_lo"]).mean()), n_draws=n_draws,
                              n_runs=len(design), noise=noise, cell_noise=sd_cell, kind=kind), draws=d)

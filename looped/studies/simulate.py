@@ -20,7 +20,7 @@ import numpy as np
 from .. import accounting
 from ..config import ConfigError
 from ..io import atomic_write_json
-from ..law import as_law
+from ..law import as_law, synthetic_losses
 from ..memory import GPU_SPECS
 from .cost import DEFAULT_GPU, DEFAULT_GPU_MFU
 from .paper import PAPER_LAW
@@ -33,15 +33,18 @@ def law_records(study: str, law=None, noise: float = 0.01, seed: int = 0, peak_f
     defaults to the paper's joint fit, the throughput to `mfu` of the default GPU's spec peak."""
     law = as_law(PAPER_LAW if law is None else law)
     peak = peak_flops or GPU_SPECS[DEFAULT_GPU][0]
-    rng = np.random.default_rng(seed)
+    runs = load_study(study)
+    cfgs = [run.model_config() for run in runs]
+    steps_of = [run.steps or accounting.steps_for_budget(cfg, run.budget, run.tokens_per_step)
+                for run, cfg in zip(runs, cfgs)]
+    design = {"n_once": [accounting.n_once(c) for c in cfgs], "n_rec": [accounting.n_rec(c) for c in cfgs],
+              "r": [c.r for c in cfgs], "tokens": [k * run.tokens_per_step for k, run in zip(steps_of, runs)]}
+    losses = synthetic_losses(law, design, np.random.default_rng(seed), noise=noise)
     records = []
-    for run in load_study(study):
-        cfg = run.model_config()
+    for run, cfg, steps, loss in zip(runs, cfgs, steps_of, losses):
         batch = run.tokens_per_step
-        steps = run.steps or accounting.steps_for_budget(cfg, run.budget, batch)
         tokens, flops_per_token = steps * batch, accounting.flops_per_token(cfg)
         n_once, n_rec = accounting.n_once(cfg), accounting.n_rec(cfg)
-        loss = float(law.predict(n_once, n_rec, cfg.r, tokens)) + rng.normal(0.0, noise)
         tokens_per_s = peak * mfu / flops_per_token
         # the curve: the law at the tokens seen so far (from 1% of the run, where the law is meaningful)
         marks = np.unique(np.linspace(max(1, steps // 100), steps, curve_points).astype(int))
