@@ -1,7 +1,9 @@
-"""Atomic writes: a reader (or a restarted sweep) sees the old file or the new one, never half of one."""
+"""Atomic writes: a reader (or a restarted sweep) sees the old file or the new one, never half of one;
+and an exclusive lock, so that concurrent processes do a job (build a dataset) once."""
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import math
 import os
@@ -10,6 +12,18 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+
+
+@contextmanager
+def exclusive_lock(path):
+    """An exclusive advisory lock on the file `path` (created) for the block: a second process
+    waits here until the first has finished."""
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 @contextmanager

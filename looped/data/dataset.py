@@ -15,14 +15,11 @@ here on the training plays only (the `prose` preset reads the larger prose corpu
         meta.json        corpus, vocab, T, row/token counts, packing waste, provenance
     Dataset(path).rows("train", i * R, R)  ->  LongTensor (R, T+1) for optimizer step i
 
-Torch is imported only when rows are read.
-torch is imported only by the GPU loader, so preparing data needs no torch.
+Torch is imported only when rows are read, so preparing data needs no torch.
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
 import importlib.metadata
 import json
 import os
@@ -36,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config import REPO, DataError, Preset, get_preset
+from ..io import exclusive_lock
 from . import corpus
 from .corpus import fineweb_texts, is_val_text, paragraphs, shakespeare_plays
 from .packing import files_digest, pack, read_shard, verify_manifest, write_shard
@@ -241,17 +239,6 @@ def _build_fineweb(out: Path, p: Preset, buffer_size: int, source, tokenizer, ma
             "vocab_size": tok.vocab_size, "splits": splits}
 
 
-@contextlib.contextmanager
-def _lock(path: Path):
-    """An exclusive advisory lock, so concurrent DDP ranks build a dataset once."""
-    with open(path, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def check_dataset(path: Path, corpus_version: int | None = None) -> dict | None:
     """meta.json of a complete, current and intact dataset directory, else None."""
     try:
@@ -266,10 +253,9 @@ def check_dataset(path: Path, corpus_version: int | None = None) -> dict | None:
         return None
 
 
-def target(p: Preset, data_dir=None, tokenizer: str | os.PathLike = "meta-llama/Llama-2-7b-hf"
-           ) -> tuple[Path, int | None]:
-    """Where a preset's dataset lives (data_dir, default `default_data_dir()`) and the corpus
-    version it must have been built from (None: not a versioned corpus)."""
+def target(p: Preset, data_dir=None, tokenizer="meta-llama/Llama-2-7b-hf") -> tuple[Path, int | None]:
+    """Where a preset's dataset lives (in data_dir, default `default_data_dir()`) and the corpus
+    version it is built from (None: not a versioned corpus)."""
     name = _corpus(p)
     version = corpus.PRESET_VERSION.get(p.name) if name.startswith("prose") else None
     root = Path(data_dir) if data_dir is not None else default_data_dir()
@@ -277,9 +263,8 @@ def target(p: Preset, data_dir=None, tokenizer: str | os.PathLike = "meta-llama/
 
 
 def locate(preset: Preset | str, data_dir: str | os.PathLike | None = None) -> Path:
-    """The folder of a preset's prepared dataset; a one-line DataError naming the command that
-    prepares it when it is missing, stale (built by another recipe or corpus version) or damaged.
-    Training reads a dataset, it never builds one: `looped data prepare` (or `looped sweep`) does."""
+    """The folder of a preset's prepared dataset (training reads one, never builds one), else a
+    one-line DataError naming `looped data prepare`: missing, stale (another recipe or corpus version) or damaged."""
     p = get_preset(preset)
     path, version = target(p, data_dir)
     if check_dataset(path, version) is None:
@@ -316,7 +301,7 @@ def prepare(preset: Preset | str = "cpu", data_dir: str | os.PathLike | None = N
     root.mkdir(parents=True, exist_ok=True)
     if not force and check_dataset(final, version):
         return final
-    with _lock(root / f".{final.name}.lock"):
+    with exclusive_lock(root / f".{final.name}.lock"):  # concurrent processes (ranks) build it once
         if not force and check_dataset(final, version):  # another process built it while we waited
             return final
         t0 = time.time()
