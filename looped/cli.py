@@ -1,9 +1,13 @@
 """`looped` command: a thin dispatcher; each subcommand's parser lives beside its logic."""
 from __future__ import annotations
 
+import argparse
 import importlib
 import importlib.util
 import sys
+
+from . import __version__
+from .io import destination_error
 
 COMMANDS = {  # name -> (module, function, one-line help)
     "accounting": ("looped.accounting", "main", "parameter and FLOPs accounting of a configuration"),
@@ -73,7 +77,6 @@ def usage() -> str:
 
 
 def version() -> str:
-    from . import __version__
     return __version__
 
 
@@ -84,9 +87,6 @@ OUTPUTS = {"runs": "--csv"}
 
 def output_error(command: str, argv: list[str]) -> str | None:
     """Why the output file named on `command`'s command line cannot be written, or None."""
-    import argparse
-
-    from .io import destination_error
     if command not in OUTPUTS:
         return None
     first = argparse.ArgumentParser(add_help=False)

@@ -214,7 +214,7 @@ def prefer_expandable_segments():
 def device_free_bytes(device=None) -> int | None:
     """Free memory of a CUDA device (`torch.cuda.mem_get_info`); None for the CPU, where the
     micro-batch is not chosen from memory."""
-    import torch
+    import torch  # deferred on purpose: torch only where a model runs
     device = torch.device(device) if device is not None else (
         torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
     if device.type != "cuda":
@@ -224,7 +224,7 @@ def device_free_bytes(device=None) -> int | None:
 
 
 def device_total_bytes(device=None) -> int | None:
-    import torch
+    import torch  # deferred on purpose: torch only where a model runs
     device = torch.device(device) if device is not None else (
         torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
     if device.type != "cuda":
@@ -240,7 +240,7 @@ def cuda_autocast_policy():
     real autocast kernels; a CPU build cannot run a fake-CUDA backward, so per op); where they
     differ, the floating inputs are cast to CUDA's dtype (recorded by autograd, as autocast's
     casts are) and the op runs outside autocast.  `.changed` lists the ops it corrected."""
-    import torch
+    import torch  # deferred on purpose: torch only where a model runs
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.overrides import TorchFunctionMode
     from torch.utils._python_dispatch import _disable_current_modes
@@ -296,7 +296,7 @@ def measure_peak(cfg: ModelConfig, rows: int, dtype="bf16", *, grads: bool = Tru
     the step, as in every micro-batch after the first of a step.  Returns the peak total and its
     parts (parameters, gradients, activations, temporaries) in bytes.
     """
-    import torch
+    import torch  # deferred on purpose: torch only where a model runs
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
 

@@ -10,11 +10,12 @@ meta.json); an older record's data is inferred from its preset (`record_data`). 
 it as the columns ``dataset`` and ``corpus_version``, so runs of two corpora are never pooled
 unnoticed (`looped.fit.fit` refuses a table of several datasets unless asked).
 
-`fcntl` (POSIX only) is imported where a running run's lock is probed, pandas where a table is
-built (the trainer imports this module for its record's fields).
+pandas is imported where a table is built (the trainer imports this module for its record's
+fields).
 """
 from __future__ import annotations
 
+import fcntl
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
@@ -100,7 +101,6 @@ def run_state(out: Path, run_id: str) -> str:
     lock = Path(out) / "ckpt" / f"{run_id}.lock"
     if not lock.exists():
         return ""
-    import fcntl
     try:
         with open(lock) as handle:
             fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
@@ -149,7 +149,7 @@ def flat_record(rec: dict) -> dict:
 def read_records(folder: str | Path) -> "pd.DataFrame":
     """All run records of a folder as one table (every status; unreadable files reported), with the
     data each run trained on (`record_data`) as ``dataset`` and ``corpus_version``."""
-    import pandas as pd
+    import pandas as pd  # deferred on purpose: see the module docstring
     folder = Path(folder)
     if not folder.is_dir():
         raise RecordError(f"{folder} is not a folder of run records")

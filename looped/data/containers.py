@@ -203,7 +203,7 @@ def austen_documents(novels: dict[str, list[str]]) -> list[tuple[str, list[str]]
 _PASSAGE = re.compile(r"^\s*Passage:\s*(.*?)\s*(?:\n\s*(?:Question|Answer|Answer type)\s*:.*)?$", re.S)
 
 
-def _bigbench_task(kind: str, task: str, j: dict) -> Iterator[tuple[str, list[str]]]:
+def bigbench_task(kind: str, task: str, j: dict) -> Iterator[tuple[str, list[str]]]:
     """Documents of one bigbench task file."""
     if kind == "gutenberg":  # the reference passage and every candidate passage
         for e in j["examples"]:

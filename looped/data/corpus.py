@@ -103,7 +103,7 @@ def fineweb_texts(source=None, *, name: str = "sample-100BT", limit: int | None 
     """
     if source is None:
         try:
-            import datasets
+            import datasets  # deferred on purpose: an optional extra, only when a dataset is built
             stream = datasets.load_dataset("HuggingFaceFW/fineweb-edu", name=name, split="train", streaming=True)
             texts = (row["text"] for row in stream)
         except Exception as e:  # offline, no `datasets`, gated...
@@ -131,7 +131,7 @@ def _local_texts(path: Path) -> Iterator[str]:
         raise DataError(f"{path}: no such file or directory")
     for f in files:
         if f.suffix == ".parquet":
-            import pyarrow.parquet as pq
+            import pyarrow.parquet as pq  # deferred on purpose: an optional extra, only when a dataset is built
             for batch in pq.ParquetFile(f).iter_batches(columns=["text"]):
                 yield from batch.column(0).to_pylist()
         else:

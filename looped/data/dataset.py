@@ -369,7 +369,7 @@ class Dataset:
 
     def rows(self, split: str, start: int, count: int):
         """LongTensor (count, T+1) of rows [start, start+count)."""
-        import torch
+        import torch  # deferred on purpose: torch only where a model runs
         arrays, offs = self._split(split)
         n = int(offs[-1])
         if start < 0 or count < 0 or start + count > n:

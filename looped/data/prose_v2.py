@@ -17,7 +17,7 @@ import zlib
 from pathlib import Path
 from typing import Iterator
 
-from .containers import _bigbench_task
+from .containers import bigbench_task
 from .sources import Source, SourceError
 
 BIGBENCH = "bigbench-1.0.0.tar.gz"
@@ -65,7 +65,7 @@ def bigbench_documents(path: Path) -> Iterator[tuple[str, list[str]]]:
                     found.add(task)
                     j = json.load(t.extractfile(m))
                     name = task.split("/")[0] if "natural_instructions" not in task else task.split("_")[2]
-                    for key, paras in _bigbench_task(BIGBENCH_TASKS[task], task, j):
+                    for key, paras in bigbench_task(BIGBENCH_TASKS[task], task, j):
                         yield f"bigbench/{name}/{key}", [html.unescape(x) for x in paras]
     except (tarfile.TarError, EOFError, OSError, zlib.error, ValueError, KeyError) as e:
         raise SourceError(f"{path}: cannot read ({type(e).__name__}: {e})") from None

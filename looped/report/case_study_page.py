@@ -43,7 +43,7 @@ def gpu_cost(study: str, gpu: str = "H200") -> tuple[float, int]:
 def glue_all(values: dict) -> None:
     """Glue every value for the chapter's Markdown (``{glue:text}`name```), without showing it:
     numbers as floats (so a format such as ``:.3f`` applies), integers and strings as they are."""
-    from myst_nb import glue
+    from myst_nb import glue  # deferred on purpose: only a notebook has it
     for name, value in values.items():
         if isinstance(value, (bool, np.bool_)):
             value = "yes" if value else "no"

@@ -62,7 +62,7 @@ def claims(said: dict, active: bool = True):
     if active:
         raise ClaimFailed("the text says " + "; ".join(repr(w) for w in false)
                           + ", which the numbers no longer support")
-    from IPython.display import Markdown
+    from IPython.display import Markdown  # deferred on purpose: only a notebook has it
     return Markdown("**Note:** the text around this cell was written for our reference runs; on these runs it does "
                     "not hold that " + "; ".join(false) + ".")
 

@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 
 from ..studies.paper import PAPER_PHI_CI
+from .fit_figures import plot_phi_forest
 from .formatting import power_of_ten
 from .palette import LEGEND_FONTSIZE, OURS_COLOR, PAPER_COLOR
 
@@ -74,7 +75,6 @@ def plot_refit_forest(results: dict, ax=None):
     its φ and 95% interval, in the groups of `GROUPS` (a rule between groups, the group's name to
     the right; a refit in none comes last), the main fit (the paper's law and accounting) in bold
     with a thin line at its φ, the paper's φ and interval as the band."""
-    from .fit_figures import plot_phi_forest
     group_of = {v: g for g, variants in GROUPS.items() for v in variants}
     rank = {v: i for i, v in enumerate(group_of)}
     variant = results["robustness"].variant.to_numpy()
@@ -101,6 +101,7 @@ def plot_refit_forest(results: dict, ax=None):
 
 def _power_of_ten_axis(axis):
     """A log axis labelled at 1 and 3 x 10^k as powers of ten (10¹³, 3×10¹⁸), no minor labels."""
+    # deferred on purpose: matplotlib only when a figure is drawn
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
     axis.set_major_locator(LogLocator(base=10, subs=(1.0, 3.0)))
     axis.set_major_formatter(FuncFormatter(lambda v, _: power_of_ten(v)))

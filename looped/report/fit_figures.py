@@ -177,7 +177,7 @@ def plot_phi_forest(entries, ax=None, reference: float = PAPER_PHI, reference_ci
     is written as "not fitted"; an interval reaching far past the estimates is cut at the frame,
     with its end written beside it.  Raises ValueError on an empty table, a missing column, an
     unknown source or an interval whose ends are the wrong way round."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred on purpose: matplotlib only when a figure is drawn
 
     cols = ["label", "source", "phi", "lo", "hi"]
     df = entries.copy() if isinstance(entries, pd.DataFrame) else pd.DataFrame(list(entries), columns=cols)
@@ -257,7 +257,7 @@ def plot_neff_collapse(runs, law, axes=None, phis=None):
     phi (``phis`` replaces the three values).  ``axes``: three panels, or four (the fourth holds
     the legend); default a 2 x 2 grid.  Raises ValueError for a law without phi (Chinchilla), a
     missing column or no runs."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred on purpose: matplotlib only when a figure is drawn
 
     if missing := [c for c in ("r", "n_once", "n_rec", "tokens", "loss", "budget") if c not in runs.columns]:
         raise ValueError(f"N_eff collapse: missing column(s) {', '.join(missing)}")

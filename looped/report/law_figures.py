@@ -54,7 +54,7 @@ def plot_effective_size_vs_phi(ax=None, preset: str = "paper", s: float = 32, r_
     """Loss-equivalent size of the r-loop sibling vs phi (solid), with its unique size (dashed)
     and compute-equivalent size (dotted), all relative to the plain model of the same width.
     `marks` maps labels to phi values drawn as thin vertical lines (e.g. the case studies)."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred on purpose: matplotlib only when a figure is drawn
 
     df = effective_size_vs_phi(preset, s=s, r_values=r_values)
     if ax is None:
@@ -115,7 +115,7 @@ def plot_compute_optimal(axes, frontier, minima=None, paper_gaps=None, budget_ra
         ax.set_xlabel("training compute C (FLOPs)")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3, which="both")
-    from matplotlib.lines import Line2D
+    from matplotlib.lines import Line2D  # deferred on purpose: matplotlib only when a figure is drawn
     from matplotlib.patches import Patch
     # one key for the four panels, below them (with a constrained layout): colour is r, the style the source
     keys = [Line2D([], [], color=r_color(r), lw=1.8, label=f"r = {r}") for r in sorted(fr.r.unique())]

@@ -78,7 +78,7 @@ def _budget_position(budget: float, others=()) -> tuple[float, int]:
 
 def budget_color(budget: float, others=()):
     """The colour of a training budget in every figure: viridis at the budget's place on its grid."""
-    import matplotlib
+    import matplotlib  # deferred on purpose: matplotlib only when a figure is drawn
     t, _ = _budget_position(budget, others)
     return matplotlib.colormaps["viridis"](0.05 + 0.85 * t)
 
@@ -102,6 +102,7 @@ def budget_markers(budgets) -> dict:
 
 def plain_log_axis(axis):
     """Label a log axis at 1 and 3 x 10^k with short numbers (3k, 10M) and no minor labels."""
+    # deferred on purpose: matplotlib only when a figure is drawn
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
     axis.set_major_locator(LogLocator(base=10, subs=(1.0, 3.0)))
     axis.set_major_formatter(FuncFormatter(lambda v, _: eng(v, 3)))
@@ -119,13 +120,13 @@ def hidpi_inline_figures(fmt: str = "retina") -> bool:
     if shell is None or not hasattr(shell, "kernel"):
         return False
     try:
-        from matplotlib_inline.config import InlineBackend
+        from matplotlib_inline.config import InlineBackend  # deferred on purpose: only a notebook has it
     except ImportError:   # no inline backend installed: leave the kernel as it is
         return False
     cfg = InlineBackend.instance(parent=shell)
     cfg.shell = shell
     cfg.figure_formats = {fmt}      # its observer selects the formatters on the shell now
-    from IPython.core.pylabtools import select_figure_formats
+    from IPython.core.pylabtools import select_figure_formats  # deferred on purpose: only a notebook has it
     select_figure_formats(shell, cfg.figure_formats, **cfg.print_figure_kwargs)
     return True
 

@@ -77,7 +77,7 @@ def table6_comparison():
 def live_parameter_check(preset: str = "tiny", s: float = 4, r_values=R_VALUES,
                          injections=("linear", "additive", "passthrough", "hyperconnect")):
     """Build each model for real and compare its parameter count with the accounting's N."""
-    import torch
+    import torch  # deferred on purpose: torch only where a model runs
 
     from ..model import LoopedGPT
 
@@ -107,7 +107,7 @@ def init_invariance(preset: str = "tiny", s: float = 4, r: int = 4, seed: int = 
     With W = [I | 0] every recurrence reads only e, so all recurrences compute the same thing
     and r is invisible at initialisation.
     """
-    import torch
+    import torch  # deferred on purpose: torch only where a model runs
 
     from ..model import LoopedGPT
 
@@ -130,7 +130,7 @@ def truncation_check(preset: str = "tiny", s: float = 4, r: int = 8, k: int = 4,
     requires grad.  Returns (table with columns step, gets_gradient; the absolute difference
     between the two models' losses, which should be 0: truncation leaves the forward pass alone).
     """
-    import torch
+    import torch  # deferred on purpose: torch only where a model runs
 
     from ..model import LoopedGPT
 
@@ -161,7 +161,7 @@ def hyperconnection_check(preset: str = "tiny", s: float = 4, r: int = 4, lanes:
     K (e + s_0 + ... + s_{r-1}).  Returns (table with columns step, reads_lane, max_abs_diff;
     the largest absolute difference between the coda's input and K times e plus all states).
     """
-    import torch
+    import torch  # deferred on purpose: torch only where a model runs
 
     from ..model import LoopedGPT
 

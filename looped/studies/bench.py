@@ -40,7 +40,7 @@ def _ready(a, prog: str) -> bool:
         print(f"{prog}: error: {destination_error(a.json, '--json')}", file=sys.stderr)
         return False
     if a.threads:
-        import torch
+        import torch  # deferred on purpose: torch only where a model runs
         torch.set_num_threads(a.threads)
     return True
 
@@ -62,7 +62,7 @@ def measure_train(preset: str = "cpu", sizes=(6, 32, 64), r_values=(1, 4), steps
     Returns (rows, peak): one dict per (s, r, path) with ms/step, tokens/s, the model FLOP/s the
     accounting credits and MFU against `peak`, a square-matmul FLOP/s measured in this process.
     """
-    import torch
+    import torch  # deferred on purpose: torch only where a model runs
 
     from ..runtime import first_micro_batch, matmul_peak
 
@@ -107,7 +107,7 @@ def training_step(cfg, p, fast: bool, device, micro: int):
     """One training step of `cfg` as the trainer takes it (forward and backward over the step's
     rows in micro-batches, MuonH + AdamW, one host sync), on fixed random tokens, seed 0: the
     eager reference (`fast=False`) or the fast path."""
-    import torch
+    import torch  # deferred on purpose: torch only where a model runs
 
     from .. import optim
     from ..model import LoopedGPT
@@ -144,7 +144,7 @@ def profile_step(preset: str = "prose", s: float = 4, r: int = 1, fast: bool = T
     """Where one training step's time goes: torch.profiler's self time per operator over `steps`
     steps (after `warmup`), summed into `PROFILE_PARTS` and "other" (optimizer bookkeeping,
     copies, Python).  Returns the shares, ms per step and the top operators' table."""
-    import torch
+    import torch  # deferred on purpose: torch only where a model runs
     from torch.profiler import ProfilerActivity, profile
 
     p = get_preset(preset)
@@ -180,7 +180,7 @@ def speedups(rows) -> dict[tuple[float, int], float]:
 
 
 def bench_train(argv) -> int:
-    import torch
+    import torch  # deferred on purpose: torch only where a model runs
 
 
     ap = argparse.ArgumentParser(prog="looped bench train")
@@ -224,7 +224,7 @@ def readable_output(json_dest):
 
 
 def _print_train(rows, peak, kind, a) -> dict:
-    import torch
+    import torch  # deferred on purpose: torch only where a model runs
     print(f"{kind}, {torch.get_num_threads()} threads; "
           + (f"peak (given): {peak / 1e9:.1f} GFLOP/s" if a.peak_flops else
              f"matmul peak ({a.peak_size}^3): {peak / 1e9:.1f} GFLOP/s"))

@@ -59,7 +59,7 @@ def detect_gpu() -> tuple[str, float, float] | None:
     """(name, spec peak, total memory) of the visible CUDA device; None without one (or without
     torch: a base install, `pip install looped`, sees no GPU)."""
     try:
-        import torch
+        import torch  # deferred on purpose: torch only where a model runs
     except ModuleNotFoundError:
         return None
     if not torch.cuda.is_available():

@@ -41,7 +41,7 @@ def gpu_basis(a) -> tuple[str, float, float, str]:
     if detected is not None:
         label, peak, _total = detected
         if peak != peak:  # unknown part: the trainer's denominator, a measured large GEMM
-            import torch
+            import torch  # deferred on purpose: torch only where a model runs
 
             from ..runtime import device_peak_flops
             peak = device_peak_flops(torch.device("cuda"))
@@ -241,7 +241,7 @@ def dry_run(a, runs: list[Run], out: Path, i: int, n: int, micro_batch: int | No
     else:
         import torch  # the CPU estimate measures this machine's matmul peak
 
-        from ..runtime import device_peak_flops
+        from ..runtime import device_peak_flops  # deferred on purpose: it imports torch
         peak = device_peak_flops(torch.device("cpu"))   # the MFU denominator the trainer records
         mfu = a.mfu if a.mfu is not None else 0.3
         est = cpu_estimate(mine, out, peak, mfu, timing_from=a.timing_from, processes=a.processes if n == 1 else 1)

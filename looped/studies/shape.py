@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from ..config import REPO
-from ..fit import FitError, fit
+from ..fit import FitError, at_bounds, fit
 from ..io import atomic_write_json, json_ready
 from ..mapping import MAPPINGS, Mapping
 from ..resample import cell_resample, cells
@@ -181,7 +181,6 @@ def heldout(df, held, s: dict, fix=None, seed: int = 0, index: int = 0) -> tuple
 def in_sample(df, s: dict, fix=None, seed: int = 0) -> tuple[list, list]:
     """Every mapping fitted to all the runs: (fit rows: k free parameters, RMSE of log loss and in nats,
     AICc and BIC of the log residuals, parameters, those on the box's edge; phi-equivalent rows per r)."""
-    from ..fit import at_bounds
     rows, phis = [], []
     n, levels = len(df), sorted(float(r) for r in df.r.unique() if r > 1)
     for m in MAPPINGS:

@@ -146,7 +146,7 @@ class Study:
         """Peak learning rates (``looped.optim.learning_rates``, HyperP transfer) of every run of its
         grid: one row per run with the matrix (MuonH), embedding, head and norm rates."""
 
-        from ..optim import learning_rates
+        from ..optim import learning_rates  # deferred on purpose: it imports torch
         rows = []
         for run in self.runs:
             cfg = run.model_config()

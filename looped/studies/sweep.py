@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import fcntl
 import json
+import math
 import os
 import shlex
 import subprocess
@@ -327,7 +328,6 @@ def main(argv=None) -> int:
 def _estimate_error(a) -> str | None:
     """Why the dry run's or the SLURM script's numbers cannot be used, or None: each is one line
     here, not a division by zero (or an impossible figure) later."""
-    import math
     if a.mfu is not None and not (math.isfinite(a.mfu) and 0 < a.mfu <= 1):
         return f"--mfu must be a fraction of the peak in (0, 1], got {a.mfu:g}"
     if a.device_memory is not None and not (math.isfinite(a.device_memory) and a.device_memory > 0):
