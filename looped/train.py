@@ -21,6 +21,7 @@ import random
 import sys
 import time
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -181,7 +182,7 @@ def train(tc: TrainConfig) -> dict:
     blocks = step_blocks(steps, tc.data_order)
     rows_per_rank = rows_per_step // dd.world
 
-    def one_step(micro: int, loss_sum: torch.Tensor):
+    def one_step(step: int, micro: int, loss_sum: torch.Tensor):
         """Forward and backward over this rank's rows of the step (a contiguous slice, so ranks at
         different micro-batches still read each row once), summing the loss on the device."""
         accum = rows_per_rank // micro
@@ -204,7 +205,7 @@ def train(tc: TrainConfig) -> dict:
     for step in range(start, steps):
         meter.start()
         optim.set_lr(optimizers, optim.lr_multiplier(step, steps))
-        loss, (due_by_time,), retried = guard.step(step, one_step, also=(cadence.time_due,))
+        loss, (due_by_time,), retried = guard.step(step, partial(one_step, step), also=(cadence.time_due,))
         dd.average_grads(raw.parameters())
         if not math.isfinite(loss):
             status = "diverged"
