@@ -1,7 +1,8 @@
 """The fitted law as a value, and what it says: losses, effective sizes, compute-optimal frontiers.
 
 `Law` holds A, alpha, B, beta, E, phi (phi None: a Chinchilla law, N unique); every function
-here takes a `Law` or a `looped.fit.FitResult` (its `.law`).  The frontiers put the law on the
+here takes a `Law` or a `looped.fit.FitResult` (which holds one).  Here too are the one simulator
+of synthetic runs (`synthetic_losses`) and the one iso-FLOP parabola (`parabola`).  The frontiers put the law on the
 preset's iso-depth models through `looped.accounting` (D = C / training FLOPs per token), as the
 paper does for its compute-optimal analysis and its worked example (appendix F.4).
 """
