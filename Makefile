@@ -61,7 +61,17 @@ c = yaml.safe_load(open("_config.yml"))
 c["repository"] = {**c.get("repository", {}), "url": url, "branch": branch}
 c["html"].update(use_repository_button=True, use_issues_button=True)
 c["launch_buttons"].update(binderhub_url=binder)
-c["parse"].setdefault("myst_substitutions", {})["repository"] = f"[{url.split('://')[-1]}]({url})"
+link = f"[{url.split('://')[-1]}]({url})"
+subs = c["parse"].setdefault("myst_substitutions", {})
+subs["repository"] = link
+# pages write {{ launch | default("") }} and {{ software_url | default("") }}: a paragraph here,
+# nothing in a build without a repository (no button, no address to claim)
+subs["launch"] = ("The rocket button at the top of each chapter opens its executed notebook on "
+                  f"[Binder]({binder}), in a session that has cloned {link} and installed its pinned "
+                  "requirements, but not the package itself: run `%pip install --no-deps -e ..` in "
+                  "the notebook before its first cell.")
+subs["software_url"] = (f"This book was built from {link}: add `url = {{{url}}}` to the software "
+                        "entry when you cite it.")
 # sphinx.config.html_theme_options replaces (does not merge with) the theme options that
 # jupyter-book derives from html:, repository: and launch_buttons:, so they are repeated there
 c["sphinx"]["config"].setdefault("html_theme_options", {}).update(
@@ -85,7 +95,7 @@ analysis: venv  ## rerun `looped robustness`, `looped misfit`, `looped paired` a
 	$(PY) -m looped misfit --out runs/analysis/lack_of_fit.json
 	$(PY) -m looped paired --out runs/analysis/paired.json
 	$(PY) -m looped shape --out runs/analysis/shape.json
-	$(PY) tools/notebooks.py 03_fit 05_truncation 06_hyperconnections 07_what_phi_buys 04_phi_constant appendix_external 04_shape
+	$(PY) tools/notebooks.py 02_sweep 03_our_phi 05_truncation 06_hyperconnections 07_what_phi_buys 04_phi_constant appendix_external 04_shape
 
 # the unit tests and nbval side by side, one per core; each one's output is printed when it ends
 test: venv
