@@ -31,8 +31,8 @@ _static/looped.css, which sets it in the weight of its text).
 from __future__ import annotations
 
 import functools
-import json
 import http.server
+import json
 import os
 import re
 import shutil
@@ -65,7 +65,8 @@ READER_CHECKS = r"""() => {
       out.push(`"${m[0]}" in the prose: ${p.textContent.trim().slice(0, 80)}`);
   });
   article.querySelectorAll('span.pasted-text').forEach(s => {
-    const own = parseInt(getComputedStyle(s).fontWeight), around = parseInt(getComputedStyle(s.parentElement).fontWeight);
+    const own = parseInt(getComputedStyle(s).fontWeight);
+    const around = parseInt(getComputedStyle(s.parentElement).fontWeight);
     if (own > around && own >= 600)
       out.push(`glued number "${s.textContent.trim().slice(0, 30)}" in bold (${own}) in text of weight ${around}`);
   });

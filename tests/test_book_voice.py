@@ -47,4 +47,5 @@ def test_tables_and_figures_count_only_what_the_reader_sees(tmp_path):
     nb.write_text(__import__("json").dumps({"cells": cells}))
     row = book_stats.page_stats(nb)
     assert (row["tables"], row["figures"], row["listings"]) == (2, 3, 1), row
-    assert (row["code"], row["visible"], row["toggleable"], row["removed"]) == (4, 2, 1, 1), row   # remove-output shows its code
+    # a remove-output cell shows its code
+    assert (row["code"], row["visible"], row["toggleable"], row["removed"]) == (4, 2, 1, 1), row

@@ -132,7 +132,8 @@ def glued(body: str, styled: bool = True) -> str:
 
 
 @pytest.mark.parametrize("body, found", [
-    ('<p>φ falls by <span class="pasted-text">-0.285</span> per decade</p>', "a hyphen-minus in the glued number '-0.285'"),
+    ('<p>φ falls by <span class="pasted-text">-0.285</span> per decade</p>',
+     "a hyphen-minus in the glued number '-0.285'"),
     ('<p>an interval <span class="pasted-text">[-0.109, +0.102]</span></p>', "a hyphen-minus in the glued number"),
     ('<p>z = -<span class="pasted-text">2.0</span></p>', "a hyphen-minus typed before the glued number '2.0'"),
     ('<p>from (-<span class="pasted-text">0.5</span>)</p>', "typed before"),
