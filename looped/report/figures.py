@@ -40,6 +40,29 @@ from .palette import (  # noqa: F401
     r_color,
 )
 
+# Text of the chapter figures drawn about 9 inches wide: the book shows them at about 690 px (1280-px
+# window), so 1 pt is about 1.07 px and 11 pt stays at least 11 px.
+FIGURE_TEXT = 11
+
+
+def plot_gaps_vs_budget(ax, by_budget, noise: float | None = None, style: str = "o-", label: str = "",
+                        **kw):
+    """Loss gap to r = 1 against the budget relative to the smallest one (log axis), one line per
+    r (`by_budget`: budgets as index, r as columns such as 2 or 'r=2'), so grids decades apart
+    share one axis and per-decade slopes compare.  ``noise`` (nats): a band of +-noise around
+    each line, in its colour."""
+    x = np.asarray(by_budget.index, float)
+    for col in by_budget.columns:
+        r = int(str(col).split("=")[-1])
+        y = by_budget[col].to_numpy(float)
+        ax.plot(x / x.min(), y, style, color=r_color(r), label=f"r = {r}{label}", **kw)
+        if noise is not None and np.isfinite(noise):
+            ax.fill_between(x / x.min(), y - noise, y + noise, color=r_color(r), alpha=0.15, lw=0)
+    ax.set_xscale("log")
+    plain_log_axis(ax.xaxis)
+    ax.set_xlabel("budget / smallest budget")
+    return ax
+
 
 def _box(ax, x, y, w, h, text, color, fontsize=9):
     from matplotlib.patches import FancyBboxPatch
@@ -155,6 +178,7 @@ def plot_iso_flop_curves(table, axes=None, min_runs: int = 3, unit: str = "nats"
     axes = np.atleast_1d(axes).ravel()
     colors = budget_colors(table.budget.unique())
     ok = table[(table.status == "ok") & table.loss.notna()]
+    outside = 0   # cells whose vertex is not a minimum inside the widths trained
     for ax, r in zip(axes, r_values):
         for budget, color in colors.items():
             g = ok[(ok.r == r) & (ok.budget == budget)].sort_values("n")
@@ -173,6 +197,7 @@ def plot_iso_flop_curves(table, axes=None, min_runs: int = 3, unit: str = "nats"
                         ax.plot(np.exp(us), c0 + c1 * us + c2 * us ** 2, "*", color=color, ms=14,
                                 mec="black", mew=0.7, zorder=5)
                     else:
+                        outside += 1
                         ax.plot(g.n.iloc[g.loss.to_numpy().argmin()], g.loss.min(), "x", color="black",
                                 ms=8, mew=1.5, zorder=5)
         ax.set_xscale("log")
@@ -185,10 +210,11 @@ def plot_iso_flop_curves(table, axes=None, min_runs: int = 3, unit: str = "nats"
     handles = [
         Line2D([], [], color=c, marker="o", ls="-", label=f"C = {power_of_ten(b)} FLOPs") for b, c in colors.items()
     ]
-    handles += [Line2D([], [], color="0.5", marker="*", ms=12, mec="black", ls="", label="parabola vertex (inside)"),
-                Line2D([], [], color="black", marker="x", ms=8, ls="", label="best run (vertex outside)")]
+    handles += [Line2D([], [], color="0.5", marker="*", ms=12, mec="black", ls="", label="parabola vertex (inside)")]
+    if outside:   # the key names only the markers drawn
+        handles.append(Line2D([], [], color="black", marker="x", ms=8, ls="", label="best run (vertex outside)"))
     if len(axes) == 4:  # 2 x 2: one legend below the panels
-        axes[0].figure.legend(handles=handles, loc="lower center", ncol=3, fontsize=LEGEND_FONTSIZE + 1, frameon=False)
+        axes[0].figure.legend(handles=handles, loc="lower center", ncol=3, fontsize=FIGURE_TEXT, frameon=False)
     else:
         axes[-1].legend(handles=handles, fontsize=LEGEND_FONTSIZE, loc="best")
     return axes
@@ -235,9 +261,9 @@ def plot_minima_vs_budget(paper, ours=None, axes=None):
     ]
     if len(axes) > 3:  # a legend panel
         axes[3].axis("off")
-        axes[3].legend(handles=handles, loc="center", fontsize=LEGEND_FONTSIZE + 1, frameon=False)
+        axes[3].legend(handles=handles, loc="center", fontsize=FIGURE_TEXT, frameon=False)
     else:
-        axes[2].legend(handles=handles, fontsize=LEGEND_FONTSIZE, ncol=2, loc="upper right")
+        axes[2].legend(handles=handles, fontsize=FIGURE_TEXT, ncol=2, loc="upper right")
     return axes
 
 
@@ -337,7 +363,7 @@ def plot_loss_curves(records, budget: float, axes=None, smooth: int = 5):
     _label_grid(axes, "training tokens seen", "training loss (nats)")
     handles = [Line2D([], [], color=color[s], lw=2, label=f"s = {s:g}") for s in widths]
     axes[0].figure.legend(handles=handles, loc="lower center", ncol=min(6, len(handles)) or 1,
-                          fontsize=LEGEND_FONTSIZE + 1, frameon=False)
+                          fontsize=FIGURE_TEXT, frameon=False)
     return axes
 
 
