@@ -60,7 +60,7 @@ def test_sweep_chapter_runs_on_the_one_gpu_study(gpu_runs, tmp_path):
 
 
 def test_fit_chapter_recovers_the_law_that_made_the_runs(gpu_runs, tmp_path):
-    nb = run_chapter("03_fit", tmp_path / "04.ipynb", runs_dirs=[str(gpu_runs / "gpu-main")], **QUICK)
+    nb = run_chapter("03_our_phi", tmp_path / "04.ipynb", runs_dirs=[str(gpu_runs / "gpu-main")], **QUICK)
     said = "\n".join(texts(nb))
     # the prose is written for our CPU runs; on these runs its claim cells say which sentences fail
     assert "written for our reference runs" in said and "lies entirely above the paper's" in said
