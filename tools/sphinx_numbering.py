@@ -19,7 +19,9 @@ and {numref}`tab-fit-params` links to it.
 
 Appendices.  Pages outside the numbered chapters whose name starts with ``appendix_`` get a
 letter in the order of the table of contents (A, B, ...): their figures, tables and equations are
-numbered A.1, A.2, ... instead of one count that runs on across the appendices.
+numbered A.1, A.2, ... instead of one count that runs on across the appendices, and the letter
+stands before the page's title, on the page and in the navigation ("A. Rerunning at paper
+scale"), as a chapter's number does.
 """
 from __future__ import annotations
 
@@ -111,13 +113,21 @@ def _toc_order(env) -> list[str]:
 
 
 def appendix_numbers(app, env) -> list[str]:
-    """Renumber each appendix's figures, tables and equations as (letter, n)."""
+    """Renumber each appendix's figures, tables and equations as (letter, n), and number its title."""
     changed = []
     letters = iter(string.ascii_uppercase)
+    env.looped_appendix_letters = {}
     for doc in _toc_order(env):
         if not APPENDIX.search(doc) or env.toc_secnumbers.get(doc):
             continue
         letter = next(letters)
+        env.looped_appendix_letters[doc] = letter
+        for ref in env.tocs[doc].findall(nodes.reference):   # the page's own entry in the navigation
+            if not ref.get("anchorname"):
+                if ref.get("secnumber") != (letter,):
+                    ref["secnumber"] = (letter,)
+                    changed += sorted(env.found_docs)   # every page's navigation shows it
+                break
         for figtype, numbers in env.toc_fignumbers.get(doc, {}).items():
             if figtype == "section":
                 continue
@@ -128,6 +138,14 @@ def appendix_numbers(app, env) -> list[str]:
     return sorted(set(changed))
 
 
+def appendix_title(app, doctree, docname) -> None:
+    """The appendix's letter before its page title (the H1)."""
+    letter = getattr(app.env, "looped_appendix_letters", {}).get(docname)
+    section = next(iter(doctree.findall(nodes.section)), None)
+    if letter and section is not None and isinstance(section[0], nodes.title):
+        section[0]["secnumber"] = (letter,)
+
+
 def setup(app):
     app.add_enumerable_node(output_table, "table", lambda node: table_title(node),
                             html=(visit_output_table_html, depart_output_table_html),
@@ -135,4 +153,5 @@ def setup(app):
                             text=(visit_passthrough, depart_passthrough))
     app.add_transform(CellTables)
     app.connect("env-get-updated", appendix_numbers, priority=900)
+    app.connect("doctree-resolved", appendix_title)
     return {"parallel_read_safe": True, "parallel_write_safe": True, "env_version": 1}
