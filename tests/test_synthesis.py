@@ -93,8 +93,10 @@ def test_summary_counts_distinct_estimates(phis, dphis):
 
 def test_the_figure_has_a_row_per_estimate_and_cuts_long_intervals(phis, dphis):
     top, bottom = synthesis.plot_every_phi(phis, dphis)
-    assert len(top.get_yticklabels()) == phis.groupby(["group", "label"]).ngroups
-    assert len(bottom.get_yticklabels()) == dphis.groupby(["group", "label"]).ngroups
+    for ax, rows in ((top, phis), (bottom, dphis)):    # a row per estimate, a header per group
+        labels = [t.get_text() for t in ax.get_yticklabels()]
+        assert len(labels) == rows.groupby(["group", "label"]).ngroups + rows.group.nunique()
+        assert [t for t in labels if t in set(rows.group)] == list(dict.fromkeys(rows.group))
     bold = [t.get_text() for t in bottom.get_yticklabels() if t.get_fontweight() == "bold"]
     assert bold == list(dphis[dphis.verdict].label)
     cut = [t.get_text() for t in top.texts if t.get_text().startswith("to ")]

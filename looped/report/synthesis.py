@@ -8,8 +8,6 @@ chapters' own names.  The conclusion writes its own words.
 """
 from __future__ import annotations
 
-import textwrap
-
 import numpy as np
 import pandas as pd
 
@@ -172,26 +170,33 @@ def summary(phis: pd.DataFrame, dphis: pd.DataFrame) -> dict:
 
 
 def _forest(ax, rows: pd.DataFrame, frame: tuple, reference=None):
-    """One panel: a row per label (the paper's square above our circle where both exist), grouped
-    with a rule and the group's name to the right, intervals cut at ``frame`` with their end
-    written beside them, verdict rows' labels in bold."""
+    """One panel: a row per label (the paper's square above our circle where both exist), under
+    a header row per group (its name, italic, a rule above it), intervals cut at ``frame`` with
+    their end written beside them, verdict rows' labels in bold.  Returns {(group, label): y}."""
     left, right = frame
-    labels = list(dict.fromkeys(zip(rows.group, rows.label)))
-    y_of = {lab: -i for i, lab in enumerate(labels)}
+    layout = []
+    for g in dict.fromkeys(rows.group):
+        layout.append((g, None))
+        layout.extend((g, lab) for lab in dict.fromkeys(rows[rows.group == g].label))
+    y_of = {key: -i for i, key in enumerate(layout)}
     style = {"paper": (PAPER_COLOR, "s", 0.18), "ours": (OURS_COLOR, "o", -0.18)}
     if reference is not None:
         value, band = reference
         if band is not None:
             ax.axvspan(*band, color=PAPER_COLOR, alpha=0.12, lw=0)
         ax.axvline(value, color=PAPER_COLOR, lw=1.1, ls="--")
-    for i, lab in enumerate(labels):
-        if i % 2 == 0:
-            ax.axhspan(-i - 0.5, -i + 0.5, color="0.5", alpha=0.07, lw=0)
-        here = rows[(rows.group == lab[0]) & (rows.label == lab[1])]
+    for (g, lab), y0 in y_of.items():
+        if lab is None:
+            if y0 < 0:
+                ax.axhline(y0 + 0.5, color="0.3", lw=0.8)
+            continue
+        if y0 % 2 == 0:
+            ax.axhspan(y0 - 0.5, y0 + 0.5, color="0.5", alpha=0.07, lw=0)
+        here = rows[(rows.group == g) & (rows.label == lab)]
         single = here.source.nunique() == 1
         for r in here.itertuples():
             color, marker, dy = style[r.source]
-            y = y_of[lab] + (0.0 if single else dy)
+            y = y0 + (0.0 if single else dy)
             if r.lo == r.lo and r.hi == r.hi:
                 ax.plot([max(r.lo, left), min(r.hi, right)], [y, y], color=color, lw=1.8, solid_capstyle="butt")
                 for end, edge, m, ha, dx in ((r.lo, left, "<", "left", 7), (r.hi, right, ">", "right", -7)):
@@ -201,24 +206,19 @@ def _forest(ax, rows: pd.DataFrame, frame: tuple, reference=None):
                                     textcoords="offset points", ha=ha, va="bottom", fontsize=LEGEND_FONTSIZE - 1,
                                     color=color)
             ax.plot(r.phi, y, marker=marker, color=color, ms=6, mec="white", mew=0.6, ls="", zorder=3)
-    ax.set_yticks(list(y_of.values()), [lab[1] for lab in labels])
-    for tick, lab in zip(ax.get_yticklabels(), labels):
-        if rows[(rows.group == lab[0]) & (rows.label == lab[1])].verdict.any():
+    ax.set_yticks(list(y_of.values()), [g if lab is None else lab for g, lab in y_of])
+    for tick, (g, lab) in zip(ax.get_yticklabels(), y_of):
+        if lab is None:
+            tick.set(style="italic", color="0.3")
+        elif rows[(rows.group == g) & (rows.label == lab)].verdict.any():
             tick.set_fontweight("bold")
-    groups = list(dict.fromkeys(rows.group))
-    for k, g in enumerate(groups):
-        ys = [y_of[lab] for lab in labels if lab[0] == g]
-        if k:
-            ax.axhline(max(ys) + 0.5, color="0.3", lw=0.8)
-        name, chapters = g.split(" (ch.")
-        ax.text(1.02, (max(ys) + min(ys)) / 2, textwrap.fill(name, 14, break_long_words=False) + "\n(ch." + chapters,
-                transform=ax.get_yaxis_transform(), ha="left", va="center", fontsize=LEGEND_FONTSIZE + 1,
-                color="0.3", style="italic")
-    ax.set_ylim(-len(labels) + 0.5, 0.5)
+    ax.set_ylim(-len(layout) + 0.5, 0.5)
     ax.set_xlim(left, right)
     ax.tick_params(axis="both", labelsize=10)
+    ax.tick_params(axis="y", length=0)
     ax.grid(alpha=0.3, axis="x")
     ax.yaxis.grid(False)
+    return y_of
 
 
 def _frame(rows: pd.DataFrame, fixed=(), pad: float = 0.08) -> tuple:
@@ -233,20 +233,19 @@ def plot_every_phi(phis: pd.DataFrame, dphis: pd.DataFrame, axes=None):
     paper's Δφ as an orange square on each case study's protocol row and a dashed orange line
     through its group, zero solid.  Returns the two axes."""
     import matplotlib.pyplot as plt
-    n_phi, n_dphi = phis.groupby(["group", "label"]).ngroups, dphis.groupby(["group", "label"]).ngroups
+    n_phi, n_dphi = (t.groupby(["group", "label"]).ngroups + t.group.nunique() for t in (phis, dphis))  # + headers
     if axes is None:
-        _, axes = plt.subplots(2, 1, figsize=(8.0, 0.28 * (n_phi + n_dphi) + 2.6),
+        _, axes = plt.subplots(2, 1, figsize=(7.6, 0.25 * (n_phi + n_dphi) + 2.4),
                                gridspec_kw={"height_ratios": [n_phi + 1.2, n_dphi + 1.6]})
     top, bottom = axes
     _forest(top, phis, _frame(phis, (0.0, 1.0), 0.1), reference=(PAPER_PHI, PAPER_PHI_CI))
     for v in (0.0, 1.0):
         top.axvline(v, color="0.55", lw=0.7, ls=":")
     top.set_xlabel("fitted φ ($r$ passes of the shared block count as $r^φ$ unique copies)", fontsize=10)
-    _forest(bottom, dphis, _frame(dphis, (0.0,), 0.1))
+    y_of = _forest(bottom, dphis, _frame(dphis, (0.0,), 0.1))
     bottom.axvline(0.0, color="0.3", lw=0.9)
-    labels = list(dict.fromkeys(zip(dphis.group, dphis.label)))
     for g, rows in dphis[dphis.source == "paper"].groupby("group", sort=False):
-        ys = [-i for i, lab in enumerate(labels) if lab[0] == g]
+        ys = [y for (grp, lab), y in y_of.items() if grp == g and lab is not None]
         bottom.plot([rows.phi.iloc[0]] * 2, [min(ys) - 0.45, max(ys) + 0.45], color=PAPER_COLOR, lw=1.1, ls="--")
     bottom.set_xlabel("change of φ, variant minus baseline (Δφ)", fontsize=10)
     handles = [top.plot([], [], color=PAPER_COLOR, marker="s", lw=1.8,
