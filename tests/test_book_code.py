@@ -4,7 +4,8 @@ At 1280 px the book's narrowest code box (a cell input) is 634 px wide; tools/st
 sets code in 11.8 px monospace (0.602 em a character), so it holds 89 columns.  A visible line
 longer than CODE_COLUMNS (88) is cut off at the box's edge (cell inputs and outputs scroll) or
 wrapped (listings).  Checked: the source of visible code cells (no hide-/remove- tag), the lines a
-``{literalinclude}`` shows (read as Sphinx reads them), fenced code blocks in the text, and the
+``{literalinclude}`` shows (read as Sphinx reads them), fenced code blocks in the text (not BibTeX
+entries: copied rather than read, in a box that wraps), and the
 printed outputs of cells whose output is shown (from the executed twin book/NN_x.ipynb).
 """
 from __future__ import annotations
@@ -76,8 +77,8 @@ def shown_code(page: Path) -> list[tuple[str, str]]:
         elif info.startswith("{literalinclude}"):
             where = f"{page.name}:{line0} {info}"
             out += [(where, ln) for ln in literalinclude_lines(page, info, body)]
-        elif info.startswith("{"):
-            continue                      # other directives: prose, figures, math, glossary
+        elif info.startswith("{") or info == "bibtex":
+            continue   # other directives (prose, figures, math); a BibTeX entry is copied, and its box wraps
         else:
             where = f"{page.name}:{line0} ```{info}"
             out += [(where, ln) for ln in body.splitlines()]
