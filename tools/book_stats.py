@@ -3,6 +3,8 @@
 
     python tools/book_stats.py          # one row per page and the totals
     python tools/book_stats.py --json   # the same as JSON (tests/test_book_voice.py reads it)
+    python tools/book_stats.py --markdown [px.json]   # a Markdown table, with each page's height
+                                                      # from .ci/check_html.py's screenshots/px.json
 
 Words written by code: Markdown that a cell displays, plus glued strings of more than three
 words (a short label such as "overlaps" is a verdict, not prose).  Words on the page: the
@@ -127,6 +129,16 @@ if __name__ == "__main__":
     s = stats()
     if "--json" in sys.argv:
         print(json.dumps(s, indent=1))
+        sys.exit(0)
+    if "--markdown" in sys.argv:
+        rest = sys.argv[sys.argv.index("--markdown") + 1:]
+        px = json.loads(Path(rest[0]).read_text()) if rest else {}
+        print("| page | px | words | tables | figures | code cells visible / toggleable / removed | listings |")
+        print("| --- | ---: | ---: | ---: | ---: | --- | ---: |")
+        for r in s["pages"]:
+            h = f"{px[r['page']][1]:,}" if r["page"] in px else "-"
+            print(f"| {r['page']} | {h} | {r['words']:,} | {r['tables']} | {r['figures']} | "
+                  f"{r['visible']} / {r['toggleable']} / {r['removed']} | {r['listings']} |")
         sys.exit(0)
     cols = ["words", "generated_words", "tables", "figures", "code", "visible", "toggleable", "removed",
             "listings"]
