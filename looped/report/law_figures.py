@@ -147,7 +147,7 @@ def plot_equal_loss_ratios(eq, ratios: dict, axes=None):
     import matplotlib.pyplot as plt
 
     if axes is None:
-        _, axes = plt.subplots(2, 3, figsize=(7.6, 5.0), layout="constrained")
+        _, axes = plt.subplots(2, 3, figsize=(7.6, 4.5), layout="constrained")
     axes = list(getattr(axes, "flat", axes))
     panels, spare = axes[:len(ratios)], axes[len(ratios):]
     for ax, (col, name) in zip(panels, ratios.items()):
