@@ -91,8 +91,9 @@ def plot_refit_forest(results: dict, ax=None):
     ax.axvline(main.phi, color=OURS_COLOR, lw=0.8, alpha=0.45, zorder=1, label=f"our main fit: φ = {main.phi:.3f}")
     ax.tick_params(axis="both", labelsize=FOREST_FONTSIZE)
     ax.xaxis.label.set_fontsize(FOREST_FONTSIZE)
-    for text in ax.texts:                       # the "to -2.46" ends of cut intervals
+    for text in ax.texts:                       # the "to -2.46" ends of cut intervals, with a true minus
         text.set_fontsize(max(text.get_fontsize(), FOREST_FONTSIZE - 1))
+        text.set_text(text.get_text().replace("to -", "to \u2212"))
     ax.get_yticklabels()[0].set_fontweight("bold")
     y = -np.arange(len(frame))      # the forest's rows, top down
     for g, rows in frame.reset_index(drop=True).groupby("group", sort=False):
@@ -101,7 +102,7 @@ def plot_refit_forest(results: dict, ax=None):
             ax.axhline(top + 0.5, color="0.3", lw=0.9)
         ax.text(1.02, (top + bottom) / 2, g, transform=ax.get_yaxis_transform(), ha="left", va="center",
                 fontsize=FOREST_FONTSIZE - 1, color="0.3", style="italic")
-    ax.legend(fontsize=FOREST_FONTSIZE - 1, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2,
+    ax.legend(fontsize=FOREST_FONTSIZE - 1, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2,
               frameon=False)
     return ax
 
@@ -132,7 +133,7 @@ def plot_phi_vs_compute(axes, results: dict) -> None:
     row = trend.loc["ours"]   # the paper's minima are not a line (U-shaped per budget): no trend drawn there
     c = np.geomspace(ours.budget.min(), ours.budget.max(), 20)
     ax.plot(c, row.phi0 + row.phi1 * np.log10(c), "--", color=OURS_COLOR,
-            label=f"ours: trend {row.phi1:+.3f} per decade (SE {row.phi1_jack_se:.2f})")
+            label=f"ours: trend {row.phi1:+.3f} per decade (SE {row.phi1_jack_se:.2f})".replace("-", "\u2212"))
     axes[1].plot(paper.budget, paper.phi, "s", color=PAPER_COLOR, label="paper's minima: one φ per budget")
     for w in results["paper_windows"].itertuples():
         axes[1].plot([w.budget_lo, w.budget_hi], [w.phi, w.phi], color=PAPER_COLOR, alpha=0.5, lw=2)
