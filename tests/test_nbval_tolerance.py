@@ -98,7 +98,7 @@ def test_the_rule_sees_the_glued_fits_of_chapter_3():
     without = [(re.compile(rx), rep) for name, (rx, rep) in SECTIONS.items() if name != "long-floats"]
     assert len(without) == len(PATTERNS) - 1
     assert [f.split(": ")[0] for f in long_numbers(nb, without) if "half_" in f] == [
-        f"03_our_phi.ipynb, code cell 19 (glue {k!r})" for k in ("half_low_phi", "half_low_r2", "half_high_phi",
+        f"03_our_phi.ipynb, code cell 13 (glue {k!r})" for k in ("half_low_phi", "half_low_r2", "half_high_phi",
                                                               "half_high_r2")]
 
 

@@ -203,10 +203,11 @@ def plot_iso_flop_curves(table, axes=None, min_runs: int = 3, unit: str = "nats"
         ax.set_xscale("log")
         plain_log_axis(ax.xaxis)
         ax.set_title(f"r = {r}")
-        ax.set_xlabel("unique non-embedding params N")
+        ax.set_xlabel("unique params N" if _in_a_row(ax) else "unique non-embedding params N")
         ax.grid(alpha=0.3, which="both")
-    for ax in axes[::2] if len(axes) == 4 else axes[:1]:
-        ax.set_ylabel(f"final validation loss ({unit})")
+    for ax in axes:
+        if _first_col(ax):
+            ax.set_ylabel(f"final validation loss ({unit})")
     handles = [
         Line2D([], [], color=c, marker="o", ls="-", label=f"C = {power_of_ten(b)} FLOPs") for b, c in colors.items()
     ]
@@ -262,8 +263,9 @@ def plot_minima_vs_budget(paper, ours=None, axes=None):
     if len(axes) > 3:  # a legend panel
         axes[3].axis("off")
         axes[3].legend(handles=handles, loc="center", fontsize=FIGURE_TEXT, frameon=False)
-    else:
-        axes[2].legend(handles=handles, fontsize=FIGURE_TEXT, ncol=2, loc="upper right")
+    else:   # one row of three panels: the legend below them
+        axes[0].figure.legend(handles=handles, loc="lower center", ncol=3, fontsize=FIGURE_TEXT,
+                              frameon=False)
     return axes
 
 
@@ -360,6 +362,9 @@ def plot_loss_curves(records, budget: float, axes=None, smooth: int = 5):
                 steps = steps[smooth // 2: smooth // 2 + len(loss)]
             ax.plot(steps * rec["batch_tokens"], loss, color=color[float(rec["s"])], lw=1.3)
         _r_panel(ax, r, ylog=True)
+        if _in_a_row(ax):   # narrow panels: a label per decade
+            from matplotlib.ticker import LogLocator
+            ax.xaxis.set_major_locator(LogLocator(base=10))
     _label_grid(axes, "training tokens seen", "training loss (nats)")
     handles = [Line2D([], [], color=color[s], lw=2, label=f"s = {s:g}") for s in widths]
     axes[0].figure.legend(handles=handles, loc="lower center", ncol=min(6, len(handles)) or 1,
@@ -367,12 +372,25 @@ def plot_loss_curves(records, budget: float, axes=None, smooth: int = 5):
     return axes
 
 
+def _in_a_row(ax) -> bool:
+    """More than two panels side by side: labels must be short."""
+    spec = ax.get_subplotspec()
+    return spec is not None and spec.get_gridspec().ncols > 2
+
+
+def _first_col(ax) -> bool:
+    spec = ax.get_subplotspec()
+    return spec is None or spec.is_first_col()
+
+
 def _label_grid(axes, xlabel: str, ylabel: str):
-    """Axis labels of a grid of panels: x on the bottom row, y on the left column (2 x 2 as a flat list)."""
-    for ax in axes[len(axes) // 2:]:
-        ax.set_xlabel(xlabel)
-    for ax in axes[::2]:
-        ax.set_ylabel(ylabel)
+    """Axis labels of a grid of panels (a flat list): x on the bottom row, y on the left column."""
+    for ax in axes:
+        spec = ax.get_subplotspec()
+        if spec is None or spec.is_last_row():
+            ax.set_xlabel(xlabel)
+        if _first_col(ax):
+            ax.set_ylabel(ylabel)
 
 
 def _r_panel(ax, r: int, ylog: bool = False):

@@ -287,7 +287,7 @@ def html_table(df, headers: dict | None = None, caption: str | None = None, inde
 
 
 def plan_summary(table):
-    """One row per budget of a study plan: widths, model sizes, tokens, steps, tokens/param.
+    """One row per budget of a study plan: widths s, model sizes, tokens, steps, tokens/param.
 
     Ranges run over the widths of the budget (and over r where marked); N is unique
     non-embedding parameters, D training tokens per run.
@@ -302,8 +302,7 @@ def plan_summary(table):
         rows.append({
             "budget": budget,
             "runs": len(g),
-            "widths s": ", ".join(f"{s:g}" for s in sorted(g.s.unique())),
-            "d_model": rng(g.d_model, lambda v: f"{int(v)}"),
+            "widths s": rng(g.s, lambda v: f"{v:g}"),
             f"N (r={int(plain.r.iloc[0])})": rng(plain.n),
             f"N (r={int(deepest.r.iloc[0])})": rng(deepest.n),
             "D per run": rng(g.tokens),
