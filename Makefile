@@ -117,7 +117,7 @@ analysis: venv  ## rerun `looped robustness`, `looped misfit`, `looped paired` a
 	$(PY) -m looped misfit --out runs/analysis/lack_of_fit.json
 	$(PY) -m looped paired --out runs/analysis/paired.json
 	$(PY) -m looped shape --out runs/analysis/shape.json
-	$(PY) tools/notebooks.py 02_sweep 03_our_phi 03_phi_limits 05_truncation 06_hyperconnections 07_what_phi_buys 04_phi_constant appendix_external 04_shape
+	$(PY) tools/notebooks.py 02_sweep 03_our_phi 03_phi_limits 05_truncation 06_hyperconnections 07_what_phi_buys 04_phi_constant appendix_external 04_shape 08_conclusion
 
 # the unit tests and nbval side by side, one per core; each one's output is printed when it ends
 test: venv
