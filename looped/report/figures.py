@@ -17,14 +17,18 @@ from ..studies.paper import PAPER_PHI
 from .fit_figures import (  # noqa: F401
     plot_bootstrap,
     plot_neff_collapse,
-    plot_phi_comparison,
     plot_phi_forest,
     plot_phi_profile,
     plot_predicted_vs_observed,
     plot_residuals,
 )
 from .formatting import power_of_ten
-from .law_figures import plot_compute_optimal, plot_effective_size_vs_phi, plot_minima_laws  # noqa: F401
+from .law_figures import (  # noqa: F401
+    plot_compute_optimal,
+    plot_effective_size_vs_phi,
+    plot_equal_loss_ratios,
+    plot_minima_laws,
+)
 from .palette import (  # noqa: F401
     BUDGET_MARKERS,
     LEGEND_FONTSIZE,
