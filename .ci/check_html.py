@@ -14,16 +14,25 @@ the visible text, outside math, code and signatures, and, except on the API page
 docstrings write plain-text formulas such as `s_{r-1}` on purpose), a braced sub- or
 superscript (`N_{eff}`); and, on the book's pages other than the API, on slips of prose (`prose_slips`: "8..",
 ") (", a capital after a colon inside a sentence, a missing number printed as 'nan' or 'inf').
-A full-page screenshot of every chapter goes to _build/screenshots/.
+On the book's pages other than the API it also fails on glued numbers set wrongly
+(`glue_slips`): a hyphen-minus in front of or inside a glued number ("-0.285" where "−0.285"
+is meant), and a glued number set in bold outside the author's **...** (myst-nb's default; the
+browser compares the number's computed weight with the text around it).  The lecture pages
+(intro, chapters, appendices: `is_lecture`) fail above MAX_PAGE_PX (8,000 px) of height at
+1280 px.  A full-page screenshot of every page goes to _build/screenshots/, and each page's
+height to _build/screenshots/px.json.
 
     python .ci/check_html.py --tex-only [_build/html]
 
-runs only the TeX and prose checks, on the HTML files as built (no browser needed).
+runs only the TeX, prose and glue checks, on the HTML files as built (no browser needed; a
+glued number counts as bold there when the page does not link the book's stylesheet
+_static/looped.css, which sets it in the weight of its text).
 """
 from __future__ import annotations
 
 import functools
 import http.server
+import json
 import os
 import re
 import shutil
@@ -34,6 +43,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parents[1]
+MAX_PAGE_PX = 8000    # a lecture page at 1280 px: about six screens
 READER_CHECKS = r"""() => {
   const out = [], article = document.querySelector('article') || document.body;
   const width = article.getBoundingClientRect().width;
@@ -53,6 +63,12 @@ READER_CHECKS = r"""() => {
     const m = p.textContent.match(/\d\.?\d*e[+-]\d/);
     if (m && !p.closest('pre, code, .cell_input, .cell_output'))
       out.push(`"${m[0]}" in the prose: ${p.textContent.trim().slice(0, 80)}`);
+  });
+  article.querySelectorAll('span.pasted-text').forEach(s => {
+    const own = parseInt(getComputedStyle(s).fontWeight);
+    const around = parseInt(getComputedStyle(s.parentElement).fontWeight);
+    if (own > around && own >= 600)
+      out.push(`glued number "${s.textContent.trim().slice(0, 30)}" in bold (${own}) in text of weight ${around}`);
   });
   return out;
 }"""
@@ -127,10 +143,16 @@ class _VisibleText(HTMLParser):
             self.parts.append(data)
 
 
+def _feedable(html: str) -> str:
+    """The page with a stray '<![' (an unescaped '<' in a table cell, such as a regex) escaped:
+    Python's HTML parser stops on it."""
+    return re.sub(r"<!\[(?!CDATA\[)", "&lt;![", html)
+
+
 def visible_text(html: str) -> str:
     """The visible text of an HTML page (`_VisibleText`): block elements on lines of their own."""
     parser = _VisibleText()
-    parser.feed(html)
+    parser.feed(_feedable(html))
     parser.close()
     return "".join(parser.parts)
 
@@ -164,6 +186,78 @@ def prose_slips(html: str) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+# a hyphen-minus that starts a number (not in a word or a range such as 384-768)
+_HYPHEN_NUMBER = re.compile(r"(?<![\w.\-\u2212])-(?=\.?\d)")
+
+
+class _Glue(HTMLParser):
+    """Each glued value (span.pasted-text): its text, the text just before it, and whether it sits
+    inside <strong>/<b> (the author's **...**)."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.stack: list[tuple[str, bool, bool]] = []   # (tag, a glue span, bold)
+        self.before = ""
+        self.glued: list[dict] = []
+        self.stylesheets: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "link" and "stylesheet" in (a.get("rel") or ""):
+            self.stylesheets.append(a.get("href") or "")
+        if tag in _VOID_TAGS:
+            return
+        if tag in _BLOCK_TAGS:
+            self.before = ""
+        glue = tag == "span" and "pasted-text" in (a.get("class") or "").split()
+        bold = tag in ("strong", "b") or (bool(self.stack) and self.stack[-1][2])
+        if glue:
+            self.glued.append(dict(text="", before=self.before, bold=bold))
+        self.stack.append((tag, glue, bold))
+
+    def handle_endtag(self, tag):
+        if tag in _BLOCK_TAGS:
+            self.before = ""
+        for i in range(len(self.stack) - 1, -1, -1):
+            if self.stack[i][0] == tag:
+                del self.stack[i:]
+                break
+
+    def handle_data(self, data):
+        if any(g for _, g, _ in self.stack):
+            self.glued[-1]["text"] += data
+        self.before = (self.before + data)[-40:]
+
+
+def glue_slips(html: str) -> list[str]:
+    """One problem per glued number set wrongly: a hyphen-minus typed right before it or inside it
+    (the book prints U+2212 "−"), or, when the page does not link _static/looped.css (which sets
+    a glued number in the weight of its text), a glued number outside <strong>/<b> (myst-nb's
+    stylesheet makes it bold)."""
+    parser = _Glue()
+    parser.feed(_feedable(html))
+    parser.close()
+    restyled = any(h.split("?")[0].endswith("looped.css") for h in parser.stylesheets)
+    out = []
+    for g in parser.glued:
+        text, before = " ".join(g["text"].split()), g["before"]
+        context = "..." + re.sub(r"\s+", " ", before)[-30:] + text + "..."
+        if re.search(r"(?<![\w.\-\u2212])-$", before) and text[:1].isdigit():
+            out.append(f"glue: a hyphen-minus typed before the glued number {text!r}: {context}")
+        if _HYPHEN_NUMBER.search(text):
+            out.append(f"glue: a hyphen-minus in the glued number {text!r}: {context}")
+        if not restyled and not g["bold"]:
+            out.append(f"glue: the glued number {text!r} is bold outside **...** (no looped.css): {context}")
+    return list(dict.fromkeys(out))
+
+
+def is_lecture(page_path: str) -> bool:
+    """The pages read as lectures: the intro, the chapters and the appendices."""
+    name = Path(page_path).stem
+    return page_path.startswith("book/") and (name == "intro" or name.startswith("appendix_")
+                                              or re.match(r"\d\d_", name) is not None)
+
+
 def _is_api(page_path: str) -> bool:
     return page_path.startswith("book/api")
 
@@ -182,13 +276,13 @@ def tex_only(html_dir: Path) -> int:
         name = page.relative_to(html_dir).as_posix()
         html = page.read_text()
         failures += [f"{name}: {p}" for p in tex_leaks(html, braces=not _is_api(name))]
-        failures += [f"{name}: {p}" for p in prose_slips(html)] if _is_prose(name) else []
+        failures += [f"{name}: {p}" for p in prose_slips(html) + glue_slips(html)] if _is_prose(name) else []
     if failures:
         print("\n".join(failures), file=sys.stderr)
-        print(f"check_html: {len(failures)} piece(s) of raw TeX or slips of prose in {len(pages)} pages",
+        print(f"check_html: {len(failures)} piece(s) of raw TeX or slips of prose or glue in {len(pages)} pages",
               file=sys.stderr)
         return 1
-    print(f"check_html: no raw TeX and no slips of prose in {len(pages)} pages")
+    print(f"check_html: no raw TeX and no slips of prose or glue in {len(pages)} pages")
     return 0
 
 
@@ -236,6 +330,7 @@ def main(argv=None) -> int:
 
     from playwright.sync_api import sync_playwright
     failures: list[str] = []
+    heights: dict[str, list[int]] = {}
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=find_chromium(), args=ARGS, headless=True)
         context = browser.new_context(viewport={"width": 1280, "height": 900}, service_workers="block")
@@ -269,14 +364,21 @@ def main(argv=None) -> int:
                 problems += page.evaluate(READER_CHECKS)
             problems += tex_leaks(page.content(), braces=not _is_api(page_path))
             problems += prose_slips(page.content()) if _is_prose(page_path) else []
+            # the weight of glued numbers is judged in the browser (READER_CHECKS), on computed styles
+            problems += [p for p in glue_slips(page.content()) if "bold" not in p] if _is_prose(page_path) else []
             if page_path.startswith("book/"):
                 page.screenshot(path=str(shots / (Path(page_path).stem + ".png")), full_page=True)
+                height = page.evaluate("document.documentElement.scrollHeight")
+                heights[Path(page_path).stem] = [1280, height]
+                if is_lecture(page_path) and height > MAX_PAGE_PX:
+                    problems.append(f"the page is {height:,} px high at 1280 px, above {MAX_PAGE_PX:,}")
             status = "ok" if not problems else f"{len(problems)} problem(s)"
             print(f"[check_html] {page_path}: {status}", flush=True)
             failures += [f"{page_path}: {p}" for p in dict.fromkeys(problems)]
             page.close()
         browser.close()
     server.shutdown()
+    (shots / "px.json").write_text(json.dumps(heights) + "\n")
     if failures:
         print("\n".join(failures), file=sys.stderr)
         print(f"check_html: {len(failures)} problem(s) in {len(pages)} pages", file=sys.stderr)

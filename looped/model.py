@@ -154,14 +154,16 @@ class HyperConnections(nn.Module):
         return torch.autocast(x.device.type, enabled=False) if x.device.type in ("cpu", "cuda") \
             else contextlib.nullcontext()
 
-    def read(self, i, lanes):                      # lanes: (K, B, T, D)
+    def read(self, i, lanes):  # sum_k alpha_ik lane_k; lanes: (K, B, T, D)
+        alpha = self.alpha[i].to(lanes.dtype)
         with self._fp32(lanes):
-            return torch.einsum("k,kbtd->btd", self.alpha[i].to(lanes.dtype), lanes)
+            return torch.einsum("k,kbtd->btd", alpha, lanes)
 
-    def write(self, i, lanes, state):
+    def write(self, i, lanes, state):  # lanes <- M_i lanes + beta_i (x) state
+        mix, beta = self.mix[i].to(lanes.dtype), self.beta[i].to(lanes.dtype)
         with self._fp32(lanes):
-            mixed = torch.einsum("jk,kbtd->jbtd", self.mix[i].to(lanes.dtype), lanes)
-        return mixed + self.beta[i].to(lanes.dtype)[:, None, None, None] * state
+            mixed = torch.einsum("jk,kbtd->jbtd", mix, lanes)
+        return mixed + beta[:, None, None, None] * state
 
 
 class LoopedGPT(nn.Module):
@@ -209,20 +211,28 @@ class LoopedGPT(nn.Module):
         return x
 
     def _recur(self, e, T):
-        """The r recurrences; the first r - k run without autograd (truncated BPTT)."""
+        """The r recurrences of the shared block.
+
+        The first r - k run without autograd (truncated BPTT).
+        """
         cfg = self.cfg
         n_free = cfg.r - cfg.k_bwd
-        if self.hyper is not None:
+        if self.hyper is not None:  # K lanes, each starting as e
             lanes = e.unsqueeze(0).expand(cfg.lanes, *e.shape)
             for i in range(cfg.r):
-                state = self.norm_loop(self._blocks(self.loop, self.hyper.read(i, lanes), T))
+                u = self.hyper.read(i, lanes)
+                state = self.norm_loop(self._blocks(self.loop, u, T))
                 lanes = self.hyper.write(i, lanes, state)
             return lanes.sum(0)
-        state = e if cfg.injection in ("linear", "passthrough") else torch.zeros_like(e)
+        if cfg.injection in ("linear", "passthrough"):
+            state = e
+        else:  # additive
+            state = torch.zeros_like(e)
         for i in range(cfg.r):
-            with torch.set_grad_enabled(torch.is_grad_enabled() and i >= n_free):
-                if cfg.injection == "linear":
-                    u = self.inject(torch.cat([e, state], dim=-1)).to(e.dtype)  # fp32 under autocast too
+            grad = torch.is_grad_enabled() and i >= n_free
+            with torch.set_grad_enabled(grad):
+                if cfg.injection == "linear":  # W [e; s], fp32 under autocast
+                    u = self.inject(torch.cat([e, state], dim=-1)).to(e.dtype)
                 elif cfg.injection == "additive":
                     u = state + e
                 else:  # passthrough
@@ -233,16 +243,22 @@ class LoopedGPT(nn.Module):
         return state
 
     def forward(self, idx, targets=None):
-        T = idx.shape[1]
-        if T > self.cfg.seq_len:
-            raise ValueError(f"sequence of {T} tokens is longer than seq_len={self.cfg.seq_len}")
-        x = self._blocks(self.prelude, self.norm_emb(self.wte(idx)), T)
-        if self.cfg.looped:
+        """Logits for ``idx`` (B, T), or the mean loss given ``targets``."""
+        cfg, T = self.cfg, idx.shape[1]
+        if T > cfg.seq_len:
+            raise ValueError(f"sequence of {T} tokens is longer than "
+                             f"seq_len={cfg.seq_len}")
+        x = self._blocks(self.prelude, self.norm_emb(self.wte(idx)), T)  # e
+        if cfg.looped:
             x = self._blocks(self.coda, self._recur(x, T), T)
-        else:
-            x = self.norm_loop(self._blocks(self.coda, self._blocks(self.loop, x, T), T))
+        else:  # r = 1: the middle blocks run once, no injection
+            x = self._blocks(self.loop, x, T)
+            x = self.norm_loop(self._blocks(self.coda, x, T))
         logits = self.lm_head(self.norm_final(x))
-        if targets is None:
-            return self.cfg.softcap * torch.tanh(logits.float()[..., :self.cfg.vocab_size] / self.cfg.softcap)
-        tail = softcap_cross_entropy if self.fused_loss else reference_cross_entropy
-        return tail(logits.view(-1, logits.size(-1)), targets.reshape(-1), self.cfg.softcap, self.cfg.vocab_size)
+        if targets is None:  # soft-capped logits of the real vocabulary
+            logits = logits.float()[..., :cfg.vocab_size]
+            return cfg.softcap * torch.tanh(logits / cfg.softcap)
+        fused = self.fused_loss
+        tail = softcap_cross_entropy if fused else reference_cross_entropy
+        flat = logits.view(-1, logits.size(-1))
+        return tail(flat, targets.reshape(-1), cfg.softcap, cfg.vocab_size)

@@ -143,7 +143,8 @@ class MuonH(torch.optim.Optimizer):
             buf.lerp_(p.grad, 1 - momentum)
             g = p.grad.lerp(buf, momentum)
             X = polar_express(g, group["ns_steps"]).to(p.dtype)
-            p.sub_(X.mul_(lr * w0 / (X.norm() + 1e-12)))  # no host sync: stays on device
+            # no host sync: the step stays on the device
+            p.sub_(X.mul_(lr * w0 / (X.norm() + 1e-12)))
             p.mul_(w0 / (p.norm() + 1e-12))
 
     def _step_batched(self, group, params):

@@ -115,14 +115,17 @@ class RunArrays:
 
 
 def objective_reference(theta, data: RunArrays, delta: float = HUBER_DELTA) -> float:
-    """The fit objective at one theta = (log A, alpha, log B, beta, log E, phi), written plainly:
-    the summed Huber loss between the law's log-loss and the observed log-loss."""
+    """The fit objective at one theta = (log A, alpha, log B, beta, log E, phi), written
+    plainly: the summed Huber loss between the law's log-loss and the observed one."""
 
     a, alpha, b, beta, e, phi = theta
-    n_eff = data.n_once + np.exp(phi * data.logr) * data.n_rec       # N_once + r^phi N_rec
+    # N_eff = N_once + r^phi N_rec
+    n_eff = data.n_once + np.exp(phi * data.logr) * data.n_rec
+    # log(A N_eff^-alpha + B D^-beta + E)
     terms = [a - alpha * np.log(n_eff), b - beta * data.logD, np.full_like(n_eff, e)]
-    log_law = logsumexp(terms, axis=0)                               # log(A N_eff^-alpha + B D^-beta + E)
-    return float(huber(delta, log_law - data.logL).sum())           # summed over runs, not averaged
+    log_law = logsumexp(terms, axis=0)
+    # summed over runs, not averaged
+    return float(huber(delta, log_law - data.logL).sum())
 
 
 def log_law(theta, data: RunArrays) -> np.ndarray:

@@ -1,5 +1,7 @@
-"""The HTML check's reader-side rules that run without a browser: no raw TeX on any page
-(`.ci/check_html.py`'s `tex_leaks`), on small HTML snippets."""
+"""The HTML check's reader-side rules that run without a browser, on small HTML snippets: no raw
+TeX on any page (`.ci/check_html.py`'s `tex_leaks`), no slips of prose (`prose_slips`), glued
+numbers with a true minus and in the weight of their text (`glue_slips`), and which pages are held
+to the lecture height (`is_lecture`)."""
 from __future__ import annotations
 
 import importlib.util
@@ -71,7 +73,7 @@ def test_tex_only_mode_checks_the_built_files(tmp_path, capsys):
     assert check_html.main(["--tex-only", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert "book/ch.html: raw TeX, a $...$ span '$r = 2$'" in err
-    assert "1 piece(s) of raw TeX or slips of prose in 2 pages" in err
+    assert "1 piece(s) of raw TeX or slips of prose or glue in 2 pages" in err
 
 
 def test_api_pages_may_write_plain_text_subscripts(tmp_path):
@@ -119,3 +121,61 @@ def test_tex_only_mode_fails_on_a_slip_of_prose_but_not_on_the_api_pages(tmp_pat
     assert check_html.main(["--tex-only", str(tmp_path)]) == 0
     (tmp_path / "book" / "ch.html").write_text(page("<p>The verdict: Each arm alone</p>"))
     assert check_html.main(["--tex-only", str(tmp_path)]) == 1
+
+
+STYLED = '<link rel="stylesheet" type="text/css" href="../_static/looped.css?v=1" />'
+
+
+def glued(body: str, styled: bool = True) -> str:
+    """A page whose glued numbers are set in the body weight (it links looped.css) or not."""
+    return page((STYLED if styled else "") + body)
+
+
+@pytest.mark.parametrize("body, found", [
+    ('<p>φ falls by <span class="pasted-text">-0.285</span> per decade</p>',
+     "a hyphen-minus in the glued number '-0.285'"),
+    ('<p>an interval <span class="pasted-text">[-0.109, +0.102]</span></p>', "a hyphen-minus in the glued number"),
+    ('<p>z = -<span class="pasted-text">2.0</span></p>', "a hyphen-minus typed before the glued number '2.0'"),
+    ('<p>from (-<span class="pasted-text">0.5</span>)</p>', "typed before"),
+])
+def test_a_hyphen_minus_at_a_glued_number_is_found(body, found):
+    slips = check_html.glue_slips(glued(body))
+    assert len(slips) == 1 and found in slips[0], slips
+
+
+@pytest.mark.parametrize("body", [
+    '<p>φ falls by <span class="pasted-text">−0.285</span> per decade</p>',       # a true minus
+    '<p>z = −<span class="pasted-text">2.0</span>, a typed true minus</p>',
+    '<p>widths <span class="pasted-text">384-768</span> and run <span class="pasted-text">cpu-3</span></p>',
+    '<p>a range 2-<span class="pasted-text">4</span> and an item</p><p>-</p><p><span class="pasted-text">5</span></p>',
+    '<p>bold where the author wrote it: <strong>φ = <span class="pasted-text">0.641</span></strong></p>',
+])
+def test_true_minus_ranges_and_the_authors_bold_pass(body):
+    assert check_html.glue_slips(glued(body)) == []
+
+
+def test_a_glued_number_is_bold_without_the_books_stylesheet():
+    body = '<p>φ = <span class="pasted-text">0.641</span>, and <b><span class="pasted-text">0.5</span></b></p>'
+    slips = check_html.glue_slips(glued(body, styled=False))
+    assert len(slips) == 1 and "'0.641' is bold outside **...**" in slips[0], slips
+    assert check_html.glue_slips(glued(body)) == []
+
+
+def test_tex_only_mode_fails_on_a_glue_slip_on_book_pages_only(tmp_path):
+    (tmp_path / "book").mkdir()
+    (tmp_path / "index.html").write_text(page("<p>fine</p>"))
+    bad = glued('<p>falls by <span class="pasted-text">-0.285</span></p>')
+    (tmp_path / "book" / "api_core.html").write_text(bad)
+    assert check_html.main(["--tex-only", str(tmp_path)]) == 0
+    (tmp_path / "book" / "03_fit.html").write_text(bad)
+    assert check_html.main(["--tex-only", str(tmp_path)]) == 1
+
+
+@pytest.mark.parametrize("path, lecture", [
+    ("book/intro.html", True), ("book/03_fit.html", True), ("book/04_shape.html", True),
+    ("book/appendix_design.html", True), ("book/api_core.html", False), ("book/bibliography.html", False),
+    ("book/cite.html", False), ("book/glossary.html", False), ("index.html", False),
+])
+def test_the_page_height_limit_holds_for_lectures(path, lecture):
+    assert check_html.is_lecture(path) is lecture
+    assert check_html.MAX_PAGE_PX == 8000

@@ -32,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import nbval_replay  # noqa: E402
 
 JITTER_SEEDS = (1, 2, 3)
-JITTERED = ("02_sweep", "03_fit", "05_truncation", "06_hyperconnections", "07_what_phi_buys")
+JITTERED = ("02_sweep", "03_fit", "03_our_phi", "03_phi_limits", "05_truncation", "06_hyperconnections",
+            "07_what_phi_buys")
 TORCH_CELLS = {"01_architecture": None,      # chapter 1: live models throughout (whole chapter)
                "05_truncation": 5,          # code cells 0-5: the truncation check on a live model
                "06_hyperconnections": 5}    # code cells 0-5: the hyperconnection init check

@@ -89,7 +89,7 @@ def test_no_checked_output_is_compared_to_its_last_digit(path):
 
 def test_the_rule_sees_the_glued_fits_of_chapter_3():
     """The outputs of issue #54 are there, unsanitized, and the rule would have flagged them."""
-    nb = ROOT / "book" / "03_fit.ipynb"
+    nb = ROOT / "book" / "03_our_phi.ipynb"
     raw = [text for _, cell in checked_cells(nb) for out in cell.get("outputs", [])
            if (out.get("metadata") or {}).get("scrapbook", {}).get("name") == "half_low_phi"
            for _, text in compared_texts(out)]
@@ -98,7 +98,7 @@ def test_the_rule_sees_the_glued_fits_of_chapter_3():
     without = [(re.compile(rx), rep) for name, (rx, rep) in SECTIONS.items() if name != "long-floats"]
     assert len(without) == len(PATTERNS) - 1
     assert [f.split(": ")[0] for f in long_numbers(nb, without) if "half_" in f] == [
-        f"03_fit.ipynb, code cell 30 (glue {k!r})" for k in ("half_low_phi", "half_low_r2", "half_high_phi",
+        f"03_our_phi.ipynb, code cell 13 (glue {k!r})" for k in ("half_low_phi", "half_low_r2", "half_high_phi",
                                                               "half_high_r2")]
 
 

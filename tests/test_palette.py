@@ -39,6 +39,13 @@ def test_figure_modules_take_their_colours_from_the_palette():
             assert min(to_rgb(hexcol)) > 0.55, f"{name}: {hexcol} is not a pale fill; use looped.report.palette"
 
 
+def _unwrap_print_figure():
+    """Undo the kernel's wrapping of print_figure (`palette.hidpi_inline_figures`) after a test."""
+    from matplotlib.backend_bases import FigureCanvasBase
+    FigureCanvasBase.print_figure = getattr(FigureCanvasBase.print_figure, "original",
+                                            FigureCanvasBase.print_figure)
+
+
 def test_hidpi_inline_figures_outside_a_kernel_does_nothing(monkeypatch):
     import IPython
     monkeypatch.setattr(IPython, "get_ipython", lambda: None)
@@ -65,5 +72,56 @@ def test_hidpi_inline_figures_in_a_kernel_gives_2x_png(monkeypatch):
         pixels = struct.unpack(">I", raw[16:20])[0]  # ... drawn with twice the pixels
         assert pixels >= 2 * width - 2
     finally:
+        _unwrap_print_figure()
+        InlineBackend.clear_instance()
+        InteractiveShell.clear_instance()
+
+
+def test_figure_text_is_at_least_11_px_as_the_book_shows_it():
+    from matplotlib.figure import Figure
+    wide, narrow = Figure(figsize=(9.3, 4), dpi=100), Figure(figsize=(6, 3), dpi=100)
+    assert abs(palette.shown_scale(wide) - 672 / 930) < 1e-9 and palette.shown_scale(narrow) == 1.0
+    for fig in (wide, narrow):
+        ax = fig.subplots()
+        ax.plot([0, 1], [0, 1], label="a line")
+        ax.set_xlabel("x", fontsize=8)
+        ax.set_title("title", fontsize=30)
+        ax.legend(fontsize=6)
+        inset = fig.add_axes((0.7, 0.7, 0.2, 0.2))
+        inset.set_axis_off()
+        box = inset.text(0.5, 0.5, "a diagram's box", fontsize=7)   # sized with its box: left alone
+        palette.readable_text(fig)
+        floor = palette.min_text_points(fig)
+        shown_px = floor * fig.dpi / 72 * palette.shown_scale(fig)
+        assert abs(shown_px - palette.MIN_TEXT_PX) < 1e-9
+        assert ax.xaxis.label.get_fontsize() == max(8, floor)
+        assert ax.get_legend().get_texts()[0].get_fontsize() == max(6, floor)
+        assert min(t.get_fontsize() for t in ax.get_xticklabels() + ax.get_yticklabels()) >= floor - 1e-9
+        assert ax.title.get_fontsize() == 30 and box.get_fontsize() == 7
+    assert palette.min_text_points(wide) > palette.min_text_points(narrow)
+
+
+def test_a_kernel_prints_figures_with_readable_text(monkeypatch):
+    import IPython
+    from IPython.core.interactiveshell import InteractiveShell
+    from matplotlib.backend_bases import FigureCanvasBase
+    from matplotlib.figure import Figure
+    from matplotlib_inline.config import InlineBackend
+
+    shell = InteractiveShell.instance()
+    try:
+        monkeypatch.setattr(shell, "kernel", object(), raising=False)
+        monkeypatch.setattr(IPython, "get_ipython", lambda: shell)
+        assert palette.hidpi_inline_figures() is True
+        assert palette.hidpi_inline_figures() is True             # wrapped once, not twice
+        assert FigureCanvasBase.print_figure.readable
+        assert not getattr(FigureCanvasBase.print_figure.original, "readable", False)
+        fig = Figure(figsize=(9.3, 3), dpi=100)
+        ax = fig.subplots()
+        ax.set_ylabel("loss", fontsize=7)
+        shell.display_formatter.format(fig)
+        assert ax.yaxis.label.get_fontsize() == palette.min_text_points(fig)
+    finally:
+        _unwrap_print_figure()
         InlineBackend.clear_instance()
         InteractiveShell.clear_instance()

@@ -9,6 +9,7 @@ docutils understands is available (fractions, sub/superscripts, Greek, \\mathrm,
 """
 from docutils import nodes
 from docutils.utils.math import latex2mathml
+from sphinx.util.math import get_node_equation_number
 
 
 def _mathml(tex: str, block: bool) -> str:
@@ -26,8 +27,8 @@ def visit_displaymath(self, node):
                                    style="display:flex; justify-content:center; align-items:center;"
                                          " gap:2em; margin:0.8em 0; font-size:1.1em"))
     self.body.append(_mathml(node.astext(), True))
-    if node.get("number"):
-        self.body.append(f'<span class="eqno">({node["number"]})</span>')
+    if node.get("number"):   # "(3.1)" in a chapter, "(A.1)" in an appendix (tools/sphinx_numbering.py)
+        self.body.append(f'<span class="eqno">({get_node_equation_number(self, node)})</span>')
     self.body.append("</div>")
     raise nodes.SkipNode
 

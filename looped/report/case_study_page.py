@@ -2,7 +2,8 @@
 
 Both chapters follow the paper's Table 3 the same way: the variant's token gain at a fixed
 budget, the law refitted on the variant's runs beside a baseline refitted at the same budgets,
-the change in phi with its paired bootstrap interval, the runs read in twin pairs with the law
+the change in phi with its shared-resample bootstrap interval (both arms refitted on the same
+resampled cells), the runs read in twin pairs with the law
 held at the main fit (`looped.studies.paired_study`), and the best run of each (budget, r)
 cell.  The helpers below build those tables, figures and numbers once; each chapter keeps its
 own argument in Markdown and glues the numbers (`glue_all`).
@@ -142,7 +143,7 @@ def budget_facts(cs: CaseStudy, main_runs) -> dict:
 
 def fits_table(studies, check: str, change_check: str, active: bool = True) -> tuple[Table, pd.DataFrame]:
     """The refits of one or more case studies beside the paper's Table 3, and the change in phi
-    of each with its paired bootstrap interval, in one table (and its frame).
+    of each with its shared-resample bootstrap interval, in one table (and its frame).
 
     ``studies``: one (CaseStudy, change label, baseline label, (paper baseline fit, paper variant
     fit)) per case study; the change label names its change in the checks (None for a single
@@ -172,7 +173,7 @@ def fits_table(studies, check: str, change_check: str, active: bool = True) -> t
                                 "paper_r2"]]
     dash = lambda fmt: lambda v: "-" if v != v else fmt.format(v)   # noqa: E731
     table = Table(frame, "Refits on the case-study budgets beside the paper's Table 3 (which gives no intervals); "
-                  "the Δφ rows: the change in φ with its paired bootstrap 95% interval",
+                  "the Δφ rows: the change in φ with its shared-resample bootstrap 95% interval",
                   headers={"phi_lo": "φ 2.5%", "phi_hi": "φ 97.5%", "paper_phi": "paper φ", "paper_r2": "paper R²"},
                   formats={"paper_phi": dash("{:.3f}"), "runs": dash("{:.0f}"), "paper_r2": dash("{:.4f}")},
                   check=check, tolerances=tolerances, measured=measured,
@@ -204,26 +205,44 @@ def paired_estimates(res: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def interval_end(v: float) -> str:
+    """An end of a Δφ interval as printed: signed to three decimals, '-' where none, and
+    'below −3' where it is the edge of the fitting box (φ = −3): resamples ran into the edge, so
+    the interval is open on that side and −3 is not its end."""
+    if v != v:
+        return "-"
+    if abs(v - LO[LAW_PARAMS.index("phi")]) < 1e-3:
+        return "below −3"
+    return f"{v:+.3f}"
+
+
 def estimates_table(settings: dict, caption: str) -> Table:
     """The paired estimates of the change in phi of one or more paired analyses (``settings``:
     {label: `read_results` study}), one block of rows per setting, with how each estimator did in
-    simulation where it was simulated ('-' where not)."""
+    simulation where it was simulated ('-' where not).  An interval end on the fitting box's edge
+    is printed 'below −3' (`interval_end`)."""
     frame = pd.concat([paired_estimates(res).assign(setting=label) for label, res in settings.items()],
                       ignore_index=True)
+    signed = lambda v: "-" if v != v else f"{v:+.3f}"   # noqa: E731
     return Table(frame[["setting", "estimator", "dphi", "lo", "hi", "runs", "sim_bias", "sim_coverage"]], caption,
                  headers={"dphi": "Δφ", "lo": "2.5%", "hi": "97.5%", "sim_bias": "simulated bias",
                           "sim_coverage": "simulated coverage"},
-                 formats=dict.fromkeys(("dphi", "lo", "hi", "sim_bias"), lambda v: "-" if v != v else f"{v:+.3f}")
+                 formats={"dphi": signed, "sim_bias": signed, "lo": interval_end, "hi": interval_end}
                  | {"sim_coverage": lambda v: "-" if v != v else f"{v:.0%}"})
 
 
-def plot_paired_gains(ax, series: dict, markers=("o", "^", "D")):
+def plot_paired_gains(ax, series: dict, markers=("o", "^", "D"), pure_error: float | None = None):
     """The paired gain by r (variant minus baseline loss of twin runs, nats) with its 95% interval,
     one series per paired analysis (``series``: {label: its ``gains_by_r`` table}).  Points are
     coloured by r (`looped.report.palette.R_COLORS`); the series differ by marker and line style
     (circles joined by a solid line, triangles by a dashed one), set slightly apart so their
-    intervals do not overlap.  A dotted line marks no change."""
+    intervals do not overlap.  A dotted line marks no change; with ``pure_error`` (nats), a grey
+    band of ±√2 times it around zero shows the seed noise of one pair's difference."""
     styles = ("-", "--", ":")
+    if pure_error is not None and pure_error == pure_error:
+        band = np.sqrt(2) * pure_error
+        ax.axhspan(-band, band, color="0.85", lw=0, zorder=0,
+                   label=f"±√2 × pure error ({band:.3f}): one pair's seed noise")
     n = len(series)
     for j, ((label, gains), marker) in enumerate(zip(series.items(), markers)):
         g = gains.sort_values("r")

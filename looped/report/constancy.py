@@ -8,7 +8,7 @@ import pandas as pd
 from ..studies.paper import PAPER_PHI_CI
 from .fit_figures import plot_phi_forest
 from .formatting import power_of_ten
-from .palette import LEGEND_FONTSIZE, OURS_COLOR, PAPER_COLOR
+from .palette import OURS_COLOR, PAPER_COLOR
 
 VARIANTS = {  # robustness_table's variants, as the reader should read them
     "paper": "the paper's law and accounting",
@@ -31,6 +31,7 @@ GROUPS = {  # the refits of the forest, in groups, the main fit first; one φ pe
     "form of the law": ("kappa_r_phi",),
     "three exponents,\nnot refits of one": ("per_r_phi_2", "per_r_phi_4", "per_r_phi_8"),
 }
+FOREST_FONTSIZE = 12   # the refit forest's labels (points; about 1 px per point at the column's width)
 SCENARIOS = {"ours_white": ("our design", "white"), "ours_cell": ("our design", "per cell + white"),
              "paper_white": ("the paper's design", "white"), "paper_cell": ("the paper's design", "per cell + white")}
 
@@ -74,7 +75,9 @@ def plot_refit_forest(results: dict, ax=None):
     """The refits of `robustness_frame` as a forest (`fit_figures.plot_phi_forest`): one row per refit,
     its φ and 95% interval, in the groups of `GROUPS` (a rule between groups, the group's name to
     the right; a refit in none comes last), the main fit (the paper's law and accounting) in bold
-    with a thin line at its φ, the paper's φ and interval as the band."""
+    with a thin line at its φ, the paper's φ and interval as the band.  Its text is set at
+    `FOREST_FONTSIZE` points or more, so that at the book's column width (about 8 inches) it
+    reads at 11 px or more."""
     group_of = {v: g for g, variants in GROUPS.items() for v in variants}
     rank = {v: i for i, v in enumerate(group_of)}
     variant = results["robustness"].variant.to_numpy()
@@ -86,7 +89,11 @@ def plot_refit_forest(results: dict, ax=None):
     ax = plot_phi_forest(entries.set_axis(["label", "source", "phi", "lo", "hi"], axis=1), ax=ax)
     main = frame.iloc[0]
     ax.axvline(main.phi, color=OURS_COLOR, lw=0.8, alpha=0.45, zorder=1, label=f"our main fit: φ = {main.phi:.3f}")
-    ax.tick_params(axis="y", labelsize=10)      # long labels: leave the data its width
+    ax.tick_params(axis="both", labelsize=FOREST_FONTSIZE)
+    ax.xaxis.label.set_fontsize(FOREST_FONTSIZE)
+    for text in ax.texts:                       # the "to -2.46" ends of cut intervals, with a true minus
+        text.set_fontsize(max(text.get_fontsize(), FOREST_FONTSIZE - 1))
+        text.set_text(text.get_text().replace("to -", "to \u2212"))
     ax.get_yticklabels()[0].set_fontweight("bold")
     y = -np.arange(len(frame))      # the forest's rows, top down
     for g, rows in frame.reset_index(drop=True).groupby("group", sort=False):
@@ -94,8 +101,9 @@ def plot_refit_forest(results: dict, ax=None):
         if rows.index[0] > 0:
             ax.axhline(top + 0.5, color="0.3", lw=0.9)
         ax.text(1.02, (top + bottom) / 2, g, transform=ax.get_yaxis_transform(), ha="left", va="center",
-                fontsize=LEGEND_FONTSIZE, color="0.3", style="italic")
-    ax.legend(fontsize=LEGEND_FONTSIZE, loc="upper center", bbox_to_anchor=(0.5, -0.09), ncol=2, frameon=False)
+                fontsize=FOREST_FONTSIZE - 1, color="0.3", style="italic")
+    ax.legend(fontsize=FOREST_FONTSIZE - 1, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2,
+              frameon=False)
     return ax
 
 
@@ -126,7 +134,7 @@ def plot_phi_vs_compute(axes, results: dict) -> None:
     row = trend.loc["ours"]   # the paper's minima are not a line (U-shaped per budget): no trend drawn there
     c = np.geomspace(ours.budget.min(), ours.budget.max(), 20)
     ax.plot(c, row.phi0 + row.phi1 * np.log10(c), "--", color=OURS_COLOR,
-            label=f"ours: trend {row.phi1:+.3f} per decade (SE {row.phi1_jack_se:.2f})")
+            label=f"ours: trend {row.phi1:+.3f} per decade (SE {row.phi1_jack_se:.2f})".replace("-", "\u2212"))
     axes[1].plot(paper.budget, paper.phi, "s", color=PAPER_COLOR, label="paper's minima: one φ per budget")
     for w in results["paper_windows"].itertuples():
         axes[1].plot([w.budget_lo, w.budget_hi], [w.phi, w.phi], color=PAPER_COLOR, alpha=0.5, lw=2)
@@ -136,10 +144,10 @@ def plot_phi_vs_compute(axes, results: dict) -> None:
         a.set_xscale("log")
         _power_of_ten_axis(a.xaxis)
         a.set_xlabel("training compute C (FLOPs)")
-        a.set_title(title, fontsize=10)
+        a.set_title(title, fontsize=FOREST_FONTSIZE)
     axes[0].set_ylabel("φ")
     band.set_label(f"the paper's φ interval {list(PAPER_PHI_CI)}")
     handles, labels = zip(*(h for a in axes for h in sorted(zip(*a.get_legend_handles_labels()),   # points first
                                                             key=lambda h: "one φ per budget" not in h[1])))
-    axes[0].figure.legend(handles, labels, loc="outside lower center", ncol=2, fontsize=LEGEND_FONTSIZE,
+    axes[0].figure.legend(handles, labels, loc="outside lower center", ncol=2, fontsize=FOREST_FONTSIZE - 1,
                           frameon=False)

@@ -17,14 +17,18 @@ from ..studies.paper import PAPER_PHI
 from .fit_figures import (  # noqa: F401
     plot_bootstrap,
     plot_neff_collapse,
-    plot_phi_comparison,
     plot_phi_forest,
     plot_phi_profile,
     plot_predicted_vs_observed,
     plot_residuals,
 )
 from .formatting import power_of_ten
-from .law_figures import plot_compute_optimal, plot_effective_size_vs_phi, plot_minima_laws  # noqa: F401
+from .law_figures import (  # noqa: F401
+    plot_compute_optimal,
+    plot_effective_size_vs_phi,
+    plot_equal_loss_ratios,
+    plot_minima_laws,
+)
 from .palette import (  # noqa: F401
     BUDGET_MARKERS,
     LEGEND_FONTSIZE,
@@ -39,6 +43,29 @@ from .palette import (  # noqa: F401
     plain_log_axis,
     r_color,
 )
+
+# Text of the chapter figures drawn about 9 inches wide: the book shows them at about 690 px (1280-px
+# window), so 1 pt is about 1.07 px and 11 pt stays at least 11 px.
+FIGURE_TEXT = 11
+
+
+def plot_gaps_vs_budget(ax, by_budget, noise: float | None = None, style: str = "o-", label: str = "",
+                        **kw):
+    """Loss gap to r = 1 against the budget relative to the smallest one (log axis), one line per
+    r (`by_budget`: budgets as index, r as columns such as 2 or 'r=2'), so grids decades apart
+    share one axis and per-decade slopes compare.  ``noise`` (nats): a band of +-noise around
+    each line, in its colour."""
+    x = np.asarray(by_budget.index, float)
+    for col in by_budget.columns:
+        r = int(str(col).split("=")[-1])
+        y = by_budget[col].to_numpy(float)
+        ax.plot(x / x.min(), y, style, color=r_color(r), label=f"r = {r}{label}", **kw)
+        if noise is not None and np.isfinite(noise):
+            ax.fill_between(x / x.min(), y - noise, y + noise, color=r_color(r), alpha=0.15, lw=0)
+    ax.set_xscale("log")
+    plain_log_axis(ax.xaxis)
+    ax.set_xlabel("budget / smallest budget")
+    return ax
 
 
 def _box(ax, x, y, w, h, text, color, fontsize=9):
@@ -155,6 +182,7 @@ def plot_iso_flop_curves(table, axes=None, min_runs: int = 3, unit: str = "nats"
     axes = np.atleast_1d(axes).ravel()
     colors = budget_colors(table.budget.unique())
     ok = table[(table.status == "ok") & table.loss.notna()]
+    outside = 0   # cells whose vertex is not a minimum inside the widths trained
     for ax, r in zip(axes, r_values):
         for budget, color in colors.items():
             g = ok[(ok.r == r) & (ok.budget == budget)].sort_values("n")
@@ -170,22 +198,25 @@ def plot_iso_flop_curves(table, axes=None, min_runs: int = 3, unit: str = "nats"
                     if c2 > 0 and u.min() <= us <= u.max():
                         ax.plot(np.exp(us), ys, "*", color=color, ms=14, mec="black", mew=0.7, zorder=5)
                     else:
+                        outside += 1
                         ax.plot(g.n.iloc[g.loss.to_numpy().argmin()], g.loss.min(), "x", color="black",
                                 ms=8, mew=1.5, zorder=5)
         ax.set_xscale("log")
         plain_log_axis(ax.xaxis)
         ax.set_title(f"r = {r}")
-        ax.set_xlabel("unique non-embedding params N")
+        ax.set_xlabel("unique params N" if _in_a_row(ax) else "unique non-embedding params N")
         ax.grid(alpha=0.3, which="both")
-    for ax in axes[::2] if len(axes) == 4 else axes[:1]:
-        ax.set_ylabel(f"final validation loss ({unit})")
+    for ax in axes:
+        if _first_col(ax):
+            ax.set_ylabel(f"final validation loss ({unit})")
     handles = [
         Line2D([], [], color=c, marker="o", ls="-", label=f"C = {power_of_ten(b)} FLOPs") for b, c in colors.items()
     ]
-    handles += [Line2D([], [], color="0.5", marker="*", ms=12, mec="black", ls="", label="parabola vertex (inside)"),
-                Line2D([], [], color="black", marker="x", ms=8, ls="", label="best run (vertex outside)")]
+    handles += [Line2D([], [], color="0.5", marker="*", ms=12, mec="black", ls="", label="parabola vertex (inside)")]
+    if outside:   # the key names only the markers drawn
+        handles.append(Line2D([], [], color="black", marker="x", ms=8, ls="", label="best run (vertex outside)"))
     if len(axes) == 4:  # 2 x 2: one legend below the panels
-        axes[0].figure.legend(handles=handles, loc="lower center", ncol=3, fontsize=LEGEND_FONTSIZE + 1, frameon=False)
+        axes[0].figure.legend(handles=handles, loc="lower center", ncol=3, fontsize=FIGURE_TEXT, frameon=False)
     else:
         axes[-1].legend(handles=handles, fontsize=LEGEND_FONTSIZE, loc="best")
     return axes
@@ -232,9 +263,10 @@ def plot_minima_vs_budget(paper, ours=None, axes=None):
     ]
     if len(axes) > 3:  # a legend panel
         axes[3].axis("off")
-        axes[3].legend(handles=handles, loc="center", fontsize=LEGEND_FONTSIZE + 1, frameon=False)
-    else:
-        axes[2].legend(handles=handles, fontsize=LEGEND_FONTSIZE, ncol=2, loc="upper right")
+        axes[3].legend(handles=handles, loc="center", fontsize=FIGURE_TEXT, frameon=False)
+    else:   # one row of three panels: the legend below them
+        axes[0].figure.legend(handles=handles, loc="lower center", ncol=3, fontsize=FIGURE_TEXT,
+                              frameon=False)
     return axes
 
 
@@ -331,19 +363,35 @@ def plot_loss_curves(records, budget: float, axes=None, smooth: int = 5):
                 steps = steps[smooth // 2: smooth // 2 + len(loss)]
             ax.plot(steps * rec["batch_tokens"], loss, color=color[float(rec["s"])], lw=1.3)
         _r_panel(ax, r, ylog=True)
+        if _in_a_row(ax):   # narrow panels: a label per decade
+            from matplotlib.ticker import LogLocator
+            ax.xaxis.set_major_locator(LogLocator(base=10))
     _label_grid(axes, "training tokens seen", "training loss (nats)")
     handles = [Line2D([], [], color=color[s], lw=2, label=f"s = {s:g}") for s in widths]
     axes[0].figure.legend(handles=handles, loc="lower center", ncol=min(6, len(handles)) or 1,
-                          fontsize=LEGEND_FONTSIZE + 1, frameon=False)
+                          fontsize=FIGURE_TEXT, frameon=False)
     return axes
 
 
+def _in_a_row(ax) -> bool:
+    """More than two panels side by side: labels must be short."""
+    spec = ax.get_subplotspec()
+    return spec is not None and spec.get_gridspec().ncols > 2
+
+
+def _first_col(ax) -> bool:
+    spec = ax.get_subplotspec()
+    return spec is None or spec.is_first_col()
+
+
 def _label_grid(axes, xlabel: str, ylabel: str):
-    """Axis labels of a grid of panels: x on the bottom row, y on the left column (2 x 2 as a flat list)."""
-    for ax in axes[len(axes) // 2:]:
-        ax.set_xlabel(xlabel)
-    for ax in axes[::2]:
-        ax.set_ylabel(ylabel)
+    """Axis labels of a grid of panels (a flat list): x on the bottom row, y on the left column."""
+    for ax in axes:
+        spec = ax.get_subplotspec()
+        if spec is None or spec.is_last_row():
+            ax.set_xlabel(xlabel)
+        if _first_col(ax):
+            ax.set_ylabel(ylabel)
 
 
 def _r_panel(ax, r: int, ylog: bool = False):

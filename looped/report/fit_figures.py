@@ -103,48 +103,6 @@ def plot_bootstrap(ax, res, param: str = "phi", paper=None, label: str = "ours")
     return ax
 
 
-def plot_phi_comparison(ax, cs, paper_baseline: float, paper_variant: float):
-    """phi of a case study (`looped.studies.case_studies.CaseStudy`) and of its baseline, with bootstrap intervals
-    where there are any, beside the paper's two values (Table 3)."""
-    labels = ["baseline", cs.name]
-    x = np.arange(2)
-    ax.scatter(x + 0.12, [paper_baseline, paper_variant], marker="s", s=50, color=PAPER_COLOR,
-               label="paper (Table 3)", zorder=3)
-    fits = [(i, res) for i, res in enumerate((cs.baseline, cs.variant)) if res is not None and res.phi is not None]
-    if fits:
-        xs = [i - 0.12 for i, _ in fits]
-        vals = [res.phi for _, res in fits]
-        lo = [res.ci.get("phi", (res.phi, res.phi))[0] for _, res in fits]
-        hi = [res.ci.get("phi", (res.phi, res.phi))[1] for _, res in fits]
-        ax.errorbar(xs, vals, yerr=[np.subtract(vals, lo), np.subtract(hi, vals)], fmt="o", color=OURS_COLOR,
-                    capsize=4, label="ours (95% bootstrap interval)", zorder=3)
-        # keep the estimates readable: an interval running far out (to the edge of the fitting
-        # box) is cut at the frame and its end written beside it
-        points = list(vals) + [paper_baseline, paper_variant]
-        bottom, top = min(points) - 0.6, max(points) + 0.6
-        if min(lo) > bottom - 0.4:          # a little past the frame: widen it instead of cutting
-            bottom = min(bottom, min(lo) - 0.05)
-        if max(hi) < top + 0.4:
-            top = max(top, max(hi) + 0.05)
-        ax.set_ylim(bottom, top)
-        for xi, low, h in zip(xs, lo, hi):
-            for end, edge, va in ((low, bottom, "bottom"), (h, top, "top")):
-                if (end < edge) if va == "bottom" else (end > edge):
-                    edge_note = " (box edge)" if abs(abs(end) - 3.0) < 1e-3 else ""
-                    ax.annotate(f"to {end:.2f}{edge_note}", (xi, edge), xytext=(4, 3 if va == "bottom" else -3),
-                                textcoords="offset points", fontsize=LEGEND_FONTSIZE, color=OURS_COLOR, va=va)
-    for i in sorted({0, 1} - {i for i, _ in fits}):
-        ax.annotate("ours: not fitted\n(too few runs)", (i, paper_variant if i else paper_baseline),
-                    xytext=(0, -28), textcoords="offset points", ha="center", fontsize=8, color="0.4")
-    ax.set_xticks(x, labels)
-    ax.set_xlim(-0.6, 1.6)
-    ax.set_ylabel(r"fitted $\varphi$")
-    ax.grid(alpha=0.3, axis="y")
-    ax.xaxis.grid(False)
-    ax.legend(fontsize=8, loc="best")
-    return ax
-
-
 def plot_phi_profile(ax, profiles: dict, marks: dict | None = None):
     """Fit objective against a fixed phi (`looped.studies.phi_fits.phi_profile`), one curve per data set
     (``profiles``: label -> profile table), each relative to its own minimum; ``marks``: label ->

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..law import compute_optimal, effective_size_vs_phi, frontier_gaps, predict
 from ..studies.paper import PAPER_PHI, PAPER_PHI_CI
-from .palette import LEGEND_FONTSIZE, r_color
+from .palette import LEGEND_FONTSIZE, OURS_COLOR, r_color
 
 
 def plot_minima_laws(axes, minima_runs, laws: dict, budgets=None):
@@ -50,10 +50,11 @@ def plot_minima_laws(axes, minima_runs, laws: dict, budgets=None):
 
 
 def plot_effective_size_vs_phi(ax=None, preset: str = "paper", s: float = 32, r_values=(2, 4, 8),
-                               phi: float = PAPER_PHI, phi_ci=PAPER_PHI_CI, marks=None):
+                               phi: float = PAPER_PHI, phi_ci=PAPER_PHI_CI, marks=None, ours=None):
     """Loss-equivalent size of the r-loop sibling vs phi (solid), with its unique size (dashed)
     and compute-equivalent size (dotted), all relative to the plain model of the same width.
-    `marks` maps labels to phi values drawn as thin vertical lines (e.g. the case studies)."""
+    `marks` maps labels to phi values drawn as thin grey vertical lines labelled at the bottom
+    (e.g. the case studies); `ours` likewise, in our colour, dashed and labelled at the top."""
     import matplotlib.pyplot as plt  # deferred on purpose: matplotlib only when a figure is drawn
 
     df = effective_size_vs_phi(preset, s=s, r_values=r_values)
@@ -63,7 +64,14 @@ def plot_effective_size_vs_phi(ax=None, preset: str = "paper", s: float = 32, r_
     ax.axvline(phi, color="0.3", lw=1.0, label=f"φ = {phi:g}")
     for label, value in (marks or {}).items():
         ax.axvline(value, color="0.55", lw=0.8, ls=(0, (1, 2)))
-        ax.text(value, 0.04, f" {label}", rotation=90, fontsize=LEGEND_FONTSIZE, color="0.35", va="bottom", ha="right")
+        ax.text(value, 0.04, f" {label}", rotation=90, fontsize=LEGEND_FONTSIZE, color="0.35", va="bottom",
+                ha="left")   # right of the line: our phi may sit just left of a case study's
+    # labelled above the curves (y > 1.07), the lower value's label to the left of its line
+    for k, (label, value) in enumerate(sorted((ours or {}).items(), key=lambda kv: kv[1])):
+        ax.axvline(value, color=OURS_COLOR, lw=1.0, ls="--")
+        left = k == 0 and len(ours) > 1
+        ax.text(value + (-0.01 if left else 0.01), 1.135, label, fontsize=LEGEND_FONTSIZE,
+                color=OURS_COLOR, va="center", ha="right" if left else "left")
     for r in r_values:
         g = df[df.r == r]
         c = r_color(r)
@@ -72,6 +80,8 @@ def plot_effective_size_vs_phi(ax=None, preset: str = "paper", s: float = 32, r_
         ax.plot(g.phi, g.compute_equivalent, color=c, lw=1.2, ls=":")
     ax.plot([], [], color="0.4", ls="--", lw=1.2, label="unique N (any φ)")
     ax.plot([], [], color="0.4", ls=":", lw=1.2, label="compute-equivalent N (any φ)")
+    if ours:
+        ax.plot([], [], color=OURS_COLOR, ls="--", lw=1.0, label="our φ (CPU runs)")
     ax.axhline(1.0, color="0.2", lw=0.6)
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1.2)
@@ -126,4 +136,32 @@ def plot_compute_optimal(axes, frontier, minima=None, paper_gaps=None, budget_ra
                                 (Patch(fc="0.92", ec="0.75", label="the paper's budget range"),
                                  budget_range is not None)) if shown]
     axes[0].figure.legend(handles=keys, loc="outside lower center", ncol=4, fontsize=LEGEND_FONTSIZE, frameon=False)
+    return axes
+
+
+def plot_equal_loss_ratios(eq, ratios: dict, axes=None):
+    """What the compute-optimal looped model reaching a target loss costs, as a ratio to the plain
+    model reaching the same loss: one panel per column of `eq` (`looped.law.equal_loss_models`)
+    named in `ratios` (column -> title), the target loss falling to the right, one line per r > 1,
+    the dotted line parity.  Five ratios fill a 2 x 3 grid; the spare panel holds the key."""
+    import matplotlib.pyplot as plt
+
+    if axes is None:
+        _, axes = plt.subplots(2, 3, figsize=(7.6, 4.5), layout="constrained")
+    axes = list(getattr(axes, "flat", axes))
+    panels, spare = axes[:len(ratios)], axes[len(ratios):]
+    for ax, (col, name) in zip(panels, ratios.items()):
+        for r, g in eq[eq.r > 1].groupby("r"):
+            ax.plot(g.target, g[col], "o-", color=r_color(r), label=f"r = {r}", ms=4)
+        ax.axhline(1, color="0.4", ls=":", lw=1)
+        ax.set_title(name, fontsize=10)
+        ax.set_xlim(eq.target.max() + 0.05, eq.target.min() - 0.05)   # lower targets to the right
+        ax.set_xlabel("target loss (nats)")
+        ax.grid(alpha=0.3)
+        if ax.get_subplotspec().is_first_col():
+            ax.set_ylabel("looped / plain")
+    for ax in spare:
+        ax.axis("off")
+    (spare[0] if spare else panels[0]).legend(*panels[0].get_legend_handles_labels(), loc="center",
+                                              fontsize=10, frameon=False)
     return axes

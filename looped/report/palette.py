@@ -17,7 +17,9 @@ The axis style shared by the figure modules (`figures`, `fit_figures`, `law_figu
 Matplotlib is imported inside the functions that need it, so reading a colour or a symbol
 plots nothing.  Imported inside a Jupyter kernel (a chapter), the module
 also switches the kernel's inline figures to PNG at twice the resolution (`hidpi_inline_figures`),
-so the book's figures stay sharp on high-density screens.
+so the book's figures stay sharp on high-density screens, and sets every figure's text at least
+`MIN_TEXT_PX` (11 px) as the book shows it at 1280 px (`readable_text`): a figure wider than the
+text column (`COLUMN_PX`, 672 px) is shrunk to it, so its text is drawn larger in points.
 """
 from __future__ import annotations
 
@@ -43,6 +45,10 @@ OURS_COLOR, PAPER_COLOR = "#000000", "#e69f00"
 
 
 LEGEND_FONTSIZE = 9       # the smallest text in a figure; panels are sized so this stays readable
+# The book's column at 1280 px is COLUMN_PX wide (measured in the built book): an inline figure of
+# w inches at d dpi is shown at min(1, COLUMN_PX / (w d)) of its size, so a text of p points is
+# p * d / 72 * that many pixels.  `readable_text` raises every text to at least MIN_TEXT_PX.
+COLUMN_PX, MIN_TEXT_PX = 672, 11.0
 
 
 SYMBOLS = {"phi": "φ", "alpha": "α", "beta": "β"}
@@ -109,10 +115,61 @@ def plain_log_axis(axis):
     axis.set_minor_formatter(NullFormatter())
 
 
+def shown_scale(fig) -> float:
+    """The factor the book shrinks ``fig`` by at 1280 px (1 when it fits the column)."""
+    width_px = fig.get_figwidth() * fig.dpi
+    return min(1.0, COLUMN_PX / width_px)
+
+
+def min_text_points(fig) -> float:
+    """The smallest font size (points) that the book shows at MIN_TEXT_PX for this figure."""
+    return MIN_TEXT_PX / (fig.dpi / 72 * shown_scale(fig))
+
+
+def readable_text(fig):
+    """``fig`` with every visible text smaller than `min_text_points` enlarged to it: tick and axis
+    labels, titles, legends, annotations.  Text in an axes drawn without axes (a diagram whose
+    boxes are sized to their labels) is left as it is.  Returns the figure."""
+    from matplotlib.text import Text
+    floor = min_text_points(fig)
+    for ax in fig.axes:   # tick labels are made at drawing time, from the axis' tick parameters
+        if not ax.axison:
+            continue
+        for name, axis in (("x", ax.xaxis), ("y", ax.yaxis)):
+            for which, ticks in (("major", axis.get_major_ticks()), ("minor", axis.get_minor_ticks())):
+                if ticks and ticks[0].label1.get_fontsize() < floor:
+                    ax.tick_params(axis=name, which=which, labelsize=floor)
+    for text in fig.findobj(Text):
+        if not text.get_visible() or not text.get_text().strip():
+            continue
+        ax = text.axes
+        if ax is not None and not ax.axison and text not in (ax.title, ax._left_title, ax._right_title):
+            continue
+        if text.get_fontsize() < floor:
+            text.set_fontsize(floor)
+    return fig
+
+
+def _readable_on_print() -> None:
+    """Apply `readable_text` to every figure the kernel prints (its inline PNGs): wraps
+    ``FigureCanvasBase.print_figure`` once, so it outlasts any later change of the inline formats."""
+    from matplotlib.backend_bases import FigureCanvasBase
+    print_figure = FigureCanvasBase.print_figure
+    if getattr(print_figure, "readable", False):
+        return
+
+    def readable_print_figure(self, *args, **kwargs):
+        readable_text(self.figure)
+        return print_figure(self, *args, **kwargs)
+    readable_print_figure.readable, readable_print_figure.original = True, print_figure
+    FigureCanvasBase.print_figure = readable_print_figure
+
+
 def hidpi_inline_figures(fmt: str = "retina") -> bool:
     """Show the inline figures of the running Jupyter kernel as ``fmt`` ('retina': PNG at twice
     the figure's dpi, displayed at its nominal size; 'svg' or 'png' also work).  Returns whether
-    a kernel was found; outside one (a script, the tests) it does nothing.  Called when this
+    a kernel was found; outside one (a script, the tests) it does nothing.  In a kernel every
+    printed figure also gets `readable_text`.  Called when this
     module is imported, so every chapter that draws with the palette gets sharp figures without a
     line of its own, and the setting outlasts a later ``%matplotlib inline``."""
     ipython = sys.modules.get("IPython")
@@ -128,6 +185,7 @@ def hidpi_inline_figures(fmt: str = "retina") -> bool:
     cfg.figure_formats = {fmt}      # its observer selects the formatters on the shell now
     from IPython.core.pylabtools import select_figure_formats  # deferred on purpose: only a notebook has it
     select_figure_formats(shell, cfg.figure_formats, **cfg.print_figure_kwargs)
+    _readable_on_print()
     return True
 
 

@@ -158,6 +158,47 @@ def law_row(res, ci: bool = True) -> dict:
     return out
 
 
+def cell_format(spec):
+    """A column format: ``spec`` for a number; '-' for a missing one, words and yes/no as they are."""
+    def cell(v):
+        if v is None or isinstance(v, (bool, np.bool_, str)) or v != v:
+            return number_text(v)
+        return spec(v)
+    return cell
+
+
+def law_formats(frame) -> dict:
+    """Cell formats of a table of law parameters, by column (``A``, ``A_lo``, ``A_paper``, ...): A
+    and B to three significant digits without an exponent, the other parameters at their precision
+    (`number_text`)."""
+    def base(c):
+        return c[:-len(c.rsplit("_", 1)[-1]) - 1] if c.endswith(("_lo", "_hi", "_paper")) else c
+    return {c: cell_format(short_number) if base(c) in ("A", "B")
+            else cell_format(lambda v, n=base(c): number_text(v, n)) for c in frame.columns}
+
+
+INTERVAL_PARAMS = ("alpha", "beta", "phi")   # A, B and E get no interval row: they trade against each other
+
+
+def law_rows(res, name, paper=None, paper_name="paper", **extra) -> pd.DataFrame:
+    """A fitted law for the reader: one row per estimate (the fit, then its bootstrap 2.5 and
+    97.5 percentiles of the exponents; with ``paper``, the paper's values and its interval for
+    phi), one column per parameter.  ``extra`` adds columns: name -> (value of the fit, value of
+    the paper)."""
+    row = law_row(res)
+    rows = [{"fit": name, **{p: row[p] for p in LAW_PARAMS}, "r2": row["r2"]},
+            {"fit": f"{name} 2.5%", **{p: row[f"{p}_lo"] for p in INTERVAL_PARAMS}},
+            {"fit": f"{name} 97.5%", **{p: row[f"{p}_hi"] for p in INTERVAL_PARAMS}}]
+    for key, (ours, _) in extra.items():
+        rows[0][key] = ours
+    if paper is not None:
+        rows += [{"fit": paper_name, **{p: float(paper[p]) for p in LAW_PARAMS}, "r2": float(paper["r2"]),
+                  **{key: theirs for key, (_, theirs) in extra.items()}},
+                 {"fit": "paper 2.5%", "phi": float(paper["phi_ci_low"])},
+                 {"fit": "paper 97.5%", "phi": float(paper["phi_ci_high"])}]
+    return pd.DataFrame(rows, columns=["fit", *LAW_PARAMS, "r2", *extra])
+
+
 def side_by_side(ours, paper, keys=("ours", "paper")):
     """Two tables with the same row index next to each other under a top column level
     ``ours | paper``; rows present in only one of them are kept (missing cells are NaN)."""
@@ -246,11 +287,14 @@ def html_table(df, headers: dict | None = None, caption: str | None = None, inde
 
 
 def plan_summary(table):
-    """One row per budget of a study plan: widths, model sizes, tokens, steps, tokens/param.
+    """One row per budget of a study plan: widths s, model sizes, tokens, steps, tokens/param.
 
     Ranges run over the widths of the budget (and over r where marked); N is unique
     non-embedding parameters, D training tokens per run.
     """
+    def rng(values, fmt=eng):   # 'lo–hi' with an en dash, so a cell never breaks after a hyphen
+        return span(values, fmt).replace("-", "–")
+
     rows = []
     for budget, g in table.groupby("budget", sort=True):
         plain = g[g.r == g.r.min()]
@@ -258,13 +302,12 @@ def plan_summary(table):
         rows.append({
             "budget": budget,
             "runs": len(g),
-            "widths s": ", ".join(f"{s:g}" for s in sorted(g.s.unique())),
-            "d_model": span(g.d_model, lambda v: f"{int(v)}"),
-            f"N (r={int(plain.r.iloc[0])})": span(plain.n),
-            f"N (r={int(deepest.r.iloc[0])})": span(deepest.n),
-            "D per run": span(g.tokens),
-            "steps": span(g.steps, lambda v: f"{int(v)}"),
-            f"D/N (r={int(plain.r.iloc[0])})": span(plain.tokens_per_param, short_number),
+            "widths s": rng(g.s, lambda v: f"{v:g}"),
+            f"N (r={int(plain.r.iloc[0])})": rng(plain.n),
+            f"N (r={int(deepest.r.iloc[0])})": rng(deepest.n),
+            "D per run": rng(g.tokens),
+            "steps": rng(g.steps, lambda v: f"{int(v)}"),
+            f"D/N (r={int(plain.r.iloc[0])})": rng(plain.tokens_per_param, short_number),
         })
     return pd.DataFrame(rows)
 
