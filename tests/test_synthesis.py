@@ -11,14 +11,15 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from looped.fit import FitResult  # noqa: E402
+from looped.law import Law  # noqa: E402
 from looped.report import case_study_page, synthesis  # noqa: E402
 from looped.studies import lack_of_fit, robustness  # noqa: E402
 from looped.studies.paper import PAPER_PHI_CI  # noqa: E402
 
 
 def _fit(phi, lo, hi):
-    return FitResult(A=28.0, alpha=0.2, B=900.0, beta=0.37, E=1.57, phi=phi, r2=0.99, huber=0.0, n_runs=40,
-                     restarts=1, ci={"phi": (lo, hi)})
+    return FitResult(Law(A=28.0, alpha=0.2, B=900.0, beta=0.37, E=1.57, phi=phi), r2=0.99, huber=0.0,
+                     n_runs=40, restarts=1, ci={"phi": (lo, hi)})
 
 
 FITS = {"joint fit": _fit(0.64, 0.55, 0.80), "lower budgets": _fit(0.74, 0.49, 0.87),

@@ -69,7 +69,7 @@ def plot_gaps_vs_budget(ax, by_budget, noise: float | None = None, style: str = 
 
 
 def _box(ax, x, y, w, h, text, color, fontsize=9):
-    from matplotlib.patches import FancyBboxPatch  # deferred on purpose: matplotlib only when a figure is drawn
+    from matplotlib.patches import FancyBboxPatch  # deferred: matplotlib only to draw
     ax.add_patch(FancyBboxPatch((x - w / 2, y - h / 2), w, h, boxstyle="round,pad=0.02,rounding_size=0.08",
                                 fc=color, ec="0.25", lw=1.0))
     ax.text(x, y, text, ha="center", va="center", fontsize=fontsize)
@@ -86,7 +86,7 @@ def draw_topology(ax=None, r: int = 4, preset: str = "paper", injection: str | N
 
     `injection=None` is the preset default: the plain model for r=1, linear injection otherwise.
     """
-    import matplotlib.pyplot as plt  # deferred on purpose: matplotlib only when a figure is drawn
+    import matplotlib.pyplot as plt  # deferred: matplotlib only to draw
     cfg = model_config(preset, r=r, s=10, injection=injection, lanes=lanes, bptt_k=bptt_k)
     if ax is None:
         _, ax = plt.subplots(figsize=(10, 3.2))
@@ -141,7 +141,7 @@ def draw_topology(ax=None, r: int = 4, preset: str = "paper", injection: str | N
 
 def plot_accounting_vs_r(ax=None, s_values=(6, 10, 20, 34), phi: float = PAPER_PHI, preset: str = "paper"):
     """FLOPs/token, unique N and N_eff relative to the plain r=1 model at the same width."""
-    import matplotlib.pyplot as plt  # deferred on purpose: matplotlib only when a figure is drawn
+    import matplotlib.pyplot as plt  # deferred: matplotlib only to draw
 
     grid = accounting_grid(preset, s_values=s_values, phi=phi)
     base = grid[grid.r == 1].set_index("s")
@@ -174,7 +174,7 @@ def plot_iso_flop_curves(table, axes=None, min_runs: int = 3, unit: str = "nats"
     colour per budget, the parabola in log N of each cell with >= ``min_runs`` finished runs
     and its vertex (a star when it lies inside the bracket and is a minimum, a cross otherwise).
     """
-    import matplotlib.pyplot as plt  # deferred on purpose: matplotlib only when a figure is drawn
+    import matplotlib.pyplot as plt  # deferred: matplotlib only to draw
     from matplotlib.lines import Line2D
     r_values = sorted(table.r.unique())
     if axes is None:
@@ -229,7 +229,7 @@ def plot_minima_vs_budget(paper, ours=None, axes=None):
 
     The third panel puts each study's budgets relative to its own smallest, so two grids five
     decades apart share one axis instead of leaving it empty in between."""
-    import matplotlib.pyplot as plt  # deferred on purpose: matplotlib only when a figure is drawn
+    import matplotlib.pyplot as plt  # deferred: matplotlib only to draw
     from matplotlib.lines import Line2D
     if axes is None:
         _, axes = plt.subplots(2, 2, figsize=(9, 7.2))
@@ -273,7 +273,7 @@ def plot_minima_vs_budget(paper, ours=None, axes=None):
 def plot_run_costs(table, axes=None):
     """Wall seconds per finished run against its optimizer steps (left, one colour per budget)
     and the model FLOP/s it achieved against its width (right, one colour per r)."""
-    import matplotlib.pyplot as plt  # deferred on purpose: matplotlib only when a figure is drawn
+    import matplotlib.pyplot as plt  # deferred: matplotlib only to draw
     if axes is None:
         _, axes = plt.subplots(1, 2, figsize=(11, 3.8))
     ok = table[(table.status == "ok") & table.wall_seconds.notna()]
@@ -342,7 +342,7 @@ def plot_loss_curves(records, budget: float, axes=None, smooth: int = 5):
     """Training-loss curves of one budget's finished runs (`records`: run-record dicts): one panel
     per r, one colour per width (light: narrow, dark: wide), loss against tokens seen, log-log,
     each curve a moving average over `smooth` logged points (single batches are noisy)."""
-    import matplotlib.pyplot as plt  # deferred on purpose: matplotlib only when a figure is drawn
+    import matplotlib.pyplot as plt  # deferred: matplotlib only to draw
     from matplotlib.lines import Line2D
     runs = [rec for rec in records if rec.get("status") == "ok" and rec.get("train_loss_curve")
             and rec.get("budget") and abs(rec["budget"] / budget - 1) < 1e-6]
@@ -364,7 +364,7 @@ def plot_loss_curves(records, budget: float, axes=None, smooth: int = 5):
             ax.plot(steps * rec["batch_tokens"], loss, color=color[float(rec["s"])], lw=1.3)
         _r_panel(ax, r, ylog=True)
         if _in_a_row(ax):   # narrow panels: a label per decade
-            from matplotlib.ticker import LogLocator
+            from matplotlib.ticker import LogLocator  # deferred: matplotlib only to draw
             ax.xaxis.set_major_locator(LogLocator(base=10))
     _label_grid(axes, "training tokens seen", "training loss (nats)")
     handles = [Line2D([], [], color=color[s], lw=2, label=f"s = {s:g}") for s in widths]
@@ -410,7 +410,7 @@ def plot_law_iso_flop(law, minima, budgets, axes=None, preset: str = "paper", s_
     law's loss against unique N over the preset's widths (D = C / FLOPs per token), with the
     published minima (N*, L*) as stars.  `minima`: `paper_minima()` columns budget, r, n_star,
     loss_star."""
-    import matplotlib.pyplot as plt  # deferred on purpose: matplotlib only when a figure is drawn
+    import matplotlib.pyplot as plt  # deferred: matplotlib only to draw
     from matplotlib.lines import Line2D
 
     law = as_law(law)

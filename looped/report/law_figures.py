@@ -55,7 +55,7 @@ def plot_effective_size_vs_phi(ax=None, preset: str = "paper", s: float = 32, r_
     and compute-equivalent size (dotted), all relative to the plain model of the same width.
     `marks` maps labels to phi values drawn as thin grey vertical lines labelled at the bottom
     (e.g. the case studies); `ours` likewise, in our colour, dashed and labelled at the top."""
-    import matplotlib.pyplot as plt  # deferred on purpose: matplotlib only when a figure is drawn
+    import matplotlib.pyplot as plt  # deferred: matplotlib only to draw
 
     df = effective_size_vs_phi(preset, s=s, r_values=r_values)
     if ax is None:
@@ -125,7 +125,7 @@ def plot_compute_optimal(axes, frontier, minima=None, paper_gaps=None, budget_ra
         ax.set_xlabel("training compute C (FLOPs)")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3, which="both")
-    from matplotlib.lines import Line2D  # deferred on purpose: matplotlib only when a figure is drawn
+    from matplotlib.lines import Line2D  # deferred: matplotlib only to draw
     from matplotlib.patches import Patch
     # one key for the four panels, below them (with a constrained layout): colour is r, the style the source
     keys = [Line2D([], [], color=r_color(r), lw=1.8, label=f"r = {r}") for r in sorted(fr.r.unique())]
@@ -144,7 +144,7 @@ def plot_equal_loss_ratios(eq, ratios: dict, axes=None):
     model reaching the same loss: one panel per column of `eq` (`looped.law.equal_loss_models`)
     named in `ratios` (column -> title), the target loss falling to the right, one line per r > 1,
     the dotted line parity.  Five ratios fill a 2 x 3 grid; the spare panel holds the key."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: matplotlib only to draw
 
     if axes is None:
         _, axes = plt.subplots(2, 3, figsize=(7.6, 4.5), layout="constrained")

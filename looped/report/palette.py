@@ -84,7 +84,7 @@ def _budget_position(budget: float, others=()) -> tuple[float, int]:
 
 def budget_color(budget: float, others=()):
     """The colour of a training budget in every figure: viridis at the budget's place on its grid."""
-    import matplotlib  # deferred on purpose: matplotlib only when a figure is drawn
+    import matplotlib  # deferred: matplotlib only to draw
     t, _ = _budget_position(budget, others)
     return matplotlib.colormaps["viridis"](0.05 + 0.85 * t)
 
@@ -108,7 +108,7 @@ def budget_markers(budgets) -> dict:
 
 def plain_log_axis(axis):
     """Label a log axis at 1 and 3 x 10^k with short numbers (3k, 10M) and no minor labels."""
-    # deferred on purpose: matplotlib only when a figure is drawn
+    # deferred: matplotlib only to draw
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
     axis.set_major_locator(LogLocator(base=10, subs=(1.0, 3.0)))
     axis.set_major_formatter(FuncFormatter(lambda v, _: eng(v, 3)))
@@ -130,7 +130,7 @@ def readable_text(fig):
     """``fig`` with every visible text smaller than `min_text_points` enlarged to it: tick and axis
     labels, titles, legends, annotations.  Text in an axes drawn without axes (a diagram whose
     boxes are sized to their labels) is left as it is.  Returns the figure."""
-    from matplotlib.text import Text
+    from matplotlib.text import Text  # deferred: matplotlib only to draw
     floor = min_text_points(fig)
     for ax in fig.axes:   # tick labels are made at drawing time, from the axis' tick parameters
         if not ax.axison:
@@ -153,7 +153,7 @@ def readable_text(fig):
 def _readable_on_print() -> None:
     """Apply `readable_text` to every figure the kernel prints (its inline PNGs): wraps
     ``FigureCanvasBase.print_figure`` once, so it outlasts any later change of the inline formats."""
-    from matplotlib.backend_bases import FigureCanvasBase
+    from matplotlib.backend_bases import FigureCanvasBase  # deferred: matplotlib only to draw
     print_figure = FigureCanvasBase.print_figure
     if getattr(print_figure, "readable", False):
         return

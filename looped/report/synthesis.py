@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from ..studies.paper import PAPER_PHI, PAPER_PHI_CI
+from ..studies.phi_fits import phi_estimates
 from .constancy import VARIANTS
 from .formatting import power_of_ten
 from .palette import LEGEND_FONTSIZE, OURS_COLOR, PAPER_COLOR
@@ -35,7 +36,6 @@ def phi_rows(fits: dict, robustness: dict, misfit: dict) -> pd.DataFrame:
     (the counting conventions, with the paper's minima refitted, and the r = 1 anchors).
     Columns: group, label, source ('paper' or 'ours'), phi, lo, hi (NaN where no interval),
     verdict (the main fit)."""
-    from ..studies.phi_fits import phi_estimates
     est = {(r.label, r.source): r for r in phi_estimates(fits).itertuples()}
     conv = misfit["conventions"].set_index(["data", "head"])
     refit = robustness["robustness"].set_index("variant")
@@ -232,7 +232,7 @@ def plot_every_phi(phis: pd.DataFrame, dphis: pd.DataFrame, axes=None):
     interval as the orange band and φ = 0, 1 dotted; below, every change of φ (`dphi_rows`), the
     paper's Δφ as an orange square on each case study's protocol row and a dashed orange line
     through its group, zero solid.  Returns the two axes."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: matplotlib only to draw
     n_phi, n_dphi = (t.groupby(["group", "label"]).ngroups + t.group.nunique() for t in (phis, dphis))  # + headers
     if axes is None:
         _, axes = plt.subplots(2, 1, figsize=(7.6, 0.25 * (n_phi + n_dphi) + 2.4),
