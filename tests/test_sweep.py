@@ -754,7 +754,8 @@ def test_looped_sweep_without_its_dataset_exits_2_without_a_traceback(grid_csv, 
     done = subprocess.run([sys.executable, "-m", "looped", "sweep", STUDY, "--grid", str(grid), "--preset", "prose3",
                            "--out", str(tmp_path / "o"), "--data-dir", str(tmp_path / "data")],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+                          env={**os.environ, "PYTHONPATH": str(REPO),  # no corpus sources, whatever this machine has
+                               "LOOPED_SOURCES": str(tmp_path / "no-sources")})
     err = [ln for ln in done.stderr.splitlines() if ln.strip()]
     assert done.returncode == 2 and len(err) == 1 and err[0].startswith("looped sweep: error:"), done.stderr
     assert "no dataset for preset prose3" in err[0] and "Traceback" not in done.stderr
