@@ -3,8 +3,9 @@
 At 1280 px the book's narrowest code box (a cell input) is 634 px wide; tools/static/looped.css
 sets code in 11.8 px monospace (0.602 em a character), so it holds 89 columns.  A visible line
 longer than CODE_COLUMNS (88) is cut off at the box's edge (cell inputs and outputs scroll) or
-wrapped (listings).  Checked: the source of visible code cells (no hide-/remove- tag), the lines a
-``{literalinclude}`` shows (read as Sphinx reads them), fenced code blocks in the text (not BibTeX
+wrapped (listings).  Checked: the source of visible code cells (no hide-/remove- tag) and of
+toggleable ones (hide-input, hide-cell: a reader can open them; remove- cells never show), the
+lines a ``{literalinclude}`` shows (read as Sphinx reads them), fenced code blocks in the text (not BibTeX
 entries: copied rather than read, in a box that wraps), and the
 printed outputs of cells whose output is shown (from the executed twin book/NN_x.ipynb).
 """
@@ -26,6 +27,7 @@ sphinx_typography = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(sphinx_typography)
 CODE_COLUMNS = sphinx_typography.CODE_COLUMNS
 HIDDEN_INPUT = {"hide-input", "remove-input", "hide-cell", "remove-cell"}
+REMOVED_INPUT = {"remove-input", "remove-cell"}
 HIDDEN_OUTPUT = {"remove-output", "remove-cell"}
 FENCE = re.compile(r"^(?P<fence>`{3,}|~{3,})(?P<info>[^\n]*)\n(?P<body>.*?)^(?P=fence)\s*$", re.S | re.M)
 
@@ -85,6 +87,24 @@ def shown_code(page: Path) -> list[tuple[str, str]]:
     return out
 
 
+def toggleable_code(page: Path) -> list[tuple[str, str]]:
+    """(where, line) for every line of a code cell whose input is folded away (hide-input,
+    hide-cell) but opens, in the same box, when a reader clicks it."""
+    out = []
+    text = page.read_text()
+    for m in FENCE.finditer(text):
+        info, body = m.group("info").strip(), m.group("body")
+        if not info.startswith("{code-cell}"):
+            continue
+        opts, src = _options(body)
+        tags = set(opts.get("tags") or [])
+        if not tags & HIDDEN_INPUT or tags & REMOVED_INPUT:
+            continue
+        line0 = text.count("\n", 0, m.start()) + 1
+        out += [(f"{page.name}:{line0} toggleable code cell", ln) for ln in src.splitlines()]
+    return out
+
+
 def shown_outputs(page: Path) -> list[tuple[str, str]]:
     """(where, line) for every line of printed output in the executed twin (text a cell prints,
     or text/plain where nothing richer is shown), for cells whose output is shown."""
@@ -118,6 +138,11 @@ def test_visible_code_fits_the_box():
     assert not long, f"{len(long)} visible code line(s) over {CODE_COLUMNS} columns:\n" + "\n".join(long)
 
 
+def test_toggleable_code_fits_the_box():
+    long = [p for page in pages() for p in too_long(toggleable_code(page))]
+    assert not long, f"{len(long)} toggleable code line(s) over {CODE_COLUMNS} columns:\n" + "\n".join(long)
+
+
 def test_printed_output_fits_the_box():
     long = [p for page in pages() for p in too_long(shown_outputs(page))]
     assert not long, f"{len(long)} output line(s) over {CODE_COLUMNS} columns:\n" + "\n".join(long)
@@ -132,7 +157,10 @@ def test_the_reader_finds_what_is_shown(tmp_path):
         "# T\n\n```{code-cell} ipython3\n:tags: [hide-input]\n\n" + long + "\n```\n\n"
         "```{code-cell} ipython3\n---\ntags: [nbval-check-output]\n---\n" + long + "\n```\n\n"
         "```{literalinclude} mod.py\n:pyobject: A.f\n:dedent: 4\n```\n\n"
-        "```bash\nlooped sweep --study cpu-main\n```\n")
+        "```bash\nlooped sweep --study cpu-main\n```\n\n"
+        "```{code-cell} ipython3\n:tags: [remove-cell]\n\n" + long + "\n```\n")
     shown = [ln for _, ln in shown_code(page)]
     assert shown == [long, "def f(self, x):", "    return x + 1", "looped sweep --study cpu-main"], shown
     assert len(too_long(shown_code(page))) == 1 and "page.md:9 code cell" in too_long(shown_code(page))[0]
+    assert [ln for _, ln in toggleable_code(page) if ln] == [long]   # hide-input opens; remove-cell never shows
+    assert "page.md:3 toggleable code cell" in too_long(toggleable_code(page))[0]
