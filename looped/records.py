@@ -182,13 +182,12 @@ def runs_table(folder: str | Path) -> "pd.DataFrame":
 def read_records(folder: str | Path) -> "pd.DataFrame":
     """The study table of a folder: `runs_table` in the columns `COLUMNS` (every status; an
     unreadable file is a row with status 'corrupt')."""
-    table = runs_table(folder)
-    table = table.assign(**{c: None for c in COLUMNS if c not in table.columns})[COLUMNS]  # absent: None
+    return study_columns(runs_table(folder))
+
+
+def study_columns(table: "pd.DataFrame") -> "pd.DataFrame":
+    """A runs table in the study table's `COLUMNS` (a column no record has is all None)."""
+    table = table.assign(**{c: None for c in COLUMNS if c not in table.columns})[COLUMNS]
     table.attrs = {}
     return table
 
-
-def table_row(rec: dict) -> dict:
-    """One record's row of a study table: its `COLUMNS`, the data columns from `record_data`."""
-    data = record_data(rec) or {}
-    return {c: data.get(c) if c in DATA_COLUMNS else rec.get(c) for c in COLUMNS}

@@ -30,7 +30,7 @@ from ..memory import GPU_SPECS
 from ..records import COLUMNS, read_records
 from . import iso_flop
 from .cost import DEFAULT_GPU_MFU, plan
-from .registry import STUDIES, Run, SweepError, load_study
+from .registry import STUDIES, Run, SweepError, load_study, study_folder
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class Study:
             object.__setattr__(self, "runs", tuple(load_study(self.name)))
         if self.preset is None and self.runs:
             object.__setattr__(self, "preset", self.runs[0].preset)
-        folder = Path("runs") / self.name if self.folder is None else Path(self.folder)
+        folder = study_folder(self.name) if self.folder is None else Path(self.folder)
         object.__setattr__(self, "folder", folder if folder.is_absolute() else REPO / folder)
 
     @classmethod
