@@ -33,7 +33,7 @@ from .mapping import Mapping
 from .resample import cell_resample, cells
 from .solver import LAW_PARAMS, LOG_SLOTS, THETA_PARAMS, RunArrays, law_loss, natural, random_starts, solve_restarts
 
-REQUIRED = ("r", "n_once", "n_rec", "tokens", "loss")
+REQUIRED = records.RUN_COLUMNS   # r, n_once, n_rec, tokens, loss
 
 
 FIX_KEYS = {"A": 0, "a": 0, "alpha": 1, "B": 2, "b": 2, "beta": 3, "E": 4, "e": 4, "phi": 5}
@@ -46,28 +46,26 @@ class SkippedRecords(UserWarning):
     """Files of a folder that `load_runs` left out, and why (`looped fit` prints them on stderr)."""
 
 
-def _records_from_dir(path: Path) -> list[dict]:
-    """The run records in a folder and its subfolders as flat rows (`looped.records.flat_record`);
-    an unreadable or torn file is skipped with a warning (SkippedRecords) each, and JSON files
-    without any run column (a manifest, a config) with one warning naming them."""
-    rows, other = [], []
-    for p, rec in records.iter_records(path, recursive=True):
-        name = str(p.relative_to(path))
-        if rec is None:
+def records_to_fit(path: Path) -> "pd.DataFrame":
+    """The runs of a folder of records (`looped.records.runs_table`) the fitter reads: an unreadable
+    or torn file is skipped with a warning (SkippedRecords) each, and records with none of the
+    columns `REQUIRED` with one warning naming them."""
+    table = records.runs_table(path)
+    other = list(table.attrs.get("ignored", []))
+    if len(table):
+        corrupt = table["status"].eq("corrupt") & table[[c for c in REQUIRED if c in table]].isna().all(axis=1)
+        for name in table.loc[corrupt, "file"]:
             warnings.warn(f"skipping {name}: not a JSON run record (unreadable, torn or not JSON)", SkippedRecords,
                           stacklevel=3)
-            continue
-        flat = records.flat_record(rec) if isinstance(rec, dict) else {}
-        if any(k in flat for k in REQUIRED):
-            flat.setdefault("file", p.name)
-            rows.append(flat)
-        else:
-            other.append(name)
+        norun = ~corrupt & table[[c for c in REQUIRED if c in table]].isna().all(axis=1)
+        other += list(table.loc[norun, "file"])
+        if (corrupt | norun).any():
+            table = pd.DataFrame(table[~(corrupt | norun)].dropna(axis=1, how="all").to_dict("records"))
     if other:
         shown = ", ".join(other[:5]) + (f" and {len(other) - 5} more" if len(other) > 5 else "")
         warnings.warn(f"ignoring {len(other)} JSON file(s) with none of the columns {', '.join(REQUIRED)}: {shown}",
                       SkippedRecords, stacklevel=3)
-    return rows
+    return table
 
 
 def load_runs(path) -> "pd.DataFrame":
@@ -84,10 +82,9 @@ def load_runs(path) -> "pd.DataFrame":
     if not p.exists():
         raise FitError(f"{p}: no such file or directory")
     if p.is_dir():
-        rows = _records_from_dir(p)
-        if not rows:
+        df = records_to_fit(p)
+        if not len(df):
             raise FitError(f"{p}: no run-record JSON files found")
-        df = pd.DataFrame(rows)
     else:
         try:
             if p.suffix == ".json":

@@ -1,8 +1,10 @@
 """Run records: one JSON file per finished (or failed) run, and the table a study's folder reads as.
 
 A record is what `looped.train.train` writes; a folder of them is a study.  `iter_records` is
-the one place record files are opened: `read_records` (the study table) and the fitter's
-`looped.fit.load_runs` (through `flat_record`) both read through it.
+the one place record files are opened, and `runs_table` the one folder -> table reader (its
+policy is in its docstring): `read_records` (the study table, `COLUMNS`) and the fitter's
+`looped.fit.load_runs` (which casts and checks it) are views of it, and
+`looped.studies.study.Study` serves them.
 
 Every record names the data its run trained on: from schema 2 on, the trainer writes the field
 ``data`` (dataset directory name, corpus, corpus version and the dataset's digest, from its
@@ -33,6 +35,8 @@ class RecordError(ValueError):
 COLUMNS = ["run_id", "study", "status", "budget", "r", "s", "injection", "bptt_k", "d_model", "n", "n_once",
            "n_rec", "flops_per_token", "tokens", "steps", "loss", "wall_seconds", "tokens_per_s", "mfu",
            "lr_scale", "seed", "batch_tokens", "data_order", "dataset", "corpus_version"]
+
+RUN_COLUMNS = ("r", "n_once", "n_rec", "tokens", "loss")  # what the fitter needs of every run
 
 SCHEMA = 2  # the record's layout; 2 added `data` (records of schema 1 name their data through their preset)
 DATA_KEYS = ("dataset", "corpus", "corpus_version", "digest")
@@ -146,23 +150,44 @@ def flat_record(rec: dict) -> dict:
     return flat
 
 
-def read_records(folder: str | Path) -> "pd.DataFrame":
-    """All run records of a folder as one table (every status; unreadable files reported), with the
-    data each run trained on (`record_data`) as ``dataset`` and ``corpus_version``."""
+def runs_table(folder: str | Path) -> "pd.DataFrame":
+    """The one table of a folder of run records; every other reader is a view of it.
+
+    The policy: every ``*.json`` file of the folder and of its subfolders, in sorted path order,
+    one row each; every status (an unreadable file is a row with status 'corrupt'); a record's
+    fields flattened by `flat_record` (nested parts lifted, old names mapped, its data named), plus
+    ``file`` (the record's file name); no type cast (the values as the JSON gives them: casting is
+    the job of the table's reader, `looped.fit.validate_runs` for the fitter).  A JSON file with
+    neither a run_id nor any of the run columns `RUN_COLUMNS` (a manifest, a config) is no row;
+    their names are in ``attrs["ignored"]``.  Raises RecordError for a path that is not a folder."""
     import pandas as pd  # deferred on purpose: see the module docstring
     folder = Path(folder)
     if not folder.is_dir():
         raise RecordError(f"{folder} is not a folder of run records")
-    rows = []
-    for path, rec in iter_records(folder):
+    rows, ignored = [], []
+    for path, rec in iter_records(folder, recursive=True):
+        flat = flat_record(rec) if isinstance(rec, dict) else {}
         if rec is None:
-            rows.append({"run_id": path.stem, "status": "corrupt"})
-        elif isinstance(rec, dict) and "run_id" in rec:
-            rows.append(table_row(rec))
-    return pd.DataFrame(rows, columns=COLUMNS)
+            rows.append({"run_id": path.stem, "status": "corrupt", "file": path.name})
+        elif "run_id" in flat or any(k in flat for k in RUN_COLUMNS):
+            flat.setdefault("file", path.name)
+            rows.append(flat)
+        else:
+            ignored.append(str(path.relative_to(folder)))
+    table = pd.DataFrame(rows)
+    table.attrs["ignored"] = ignored
+    return table
 
 
-def table_row(rec: dict) -> dict:
-    """One record's row of a study table: its `COLUMNS`, the data columns from `record_data`."""
-    data = record_data(rec) or {}
-    return {c: data.get(c) if c in DATA_COLUMNS else rec.get(c) for c in COLUMNS}
+def read_records(folder: str | Path) -> "pd.DataFrame":
+    """The study table of a folder: `runs_table` in the columns `COLUMNS` (every status; an
+    unreadable file is a row with status 'corrupt')."""
+    return study_columns(runs_table(folder))
+
+
+def study_columns(table: "pd.DataFrame") -> "pd.DataFrame":
+    """A runs table in the study table's `COLUMNS` (a column no record has is all None)."""
+    table = table.assign(**{c: None for c in COLUMNS if c not in table.columns})[COLUMNS]
+    table.attrs = {}
+    return table
+

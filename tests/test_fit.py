@@ -204,9 +204,10 @@ def test_cli_reads_a_directory_of_records(tmp_path, grid):
 
 
 def test_a_folder_of_records_is_read_through_looped_records(tmp_path, grid):
-    """`load_runs` of a folder reads every record below it through `looped.records` (nested parts
-    flattened, old field names mapped); an unreadable file is skipped with a warning by the
-    fitter and listed as corrupt by the study table, and a JSON file that is no run is ignored."""
+    """`load_runs` of a folder and the study table read every record below it through the one reader
+    `looped.records.runs_table` (nested parts flattened, old field names mapped); an unreadable file
+    is skipped with a warning by the fitter and listed as corrupt by the study table, and a JSON file
+    that is no run is ignored."""
     from looped import records
     df = paper.synthetic_runs(seed=16, grid=grid).head(12)
     (tmp_path / "sub").mkdir()
@@ -221,8 +222,9 @@ def test_a_folder_of_records_is_read_through_looped_records(tmp_path, grid):
     assert len(runs) == 12 and runs.file.str.startswith("run").all()
     got = runs.set_index("run_id").loc[[f"run{i}" for i in range(12)]]
     np.testing.assert_array_equal(got[["loss", "budget", "r"]].to_numpy(), df[["loss", "budget", "r"]].to_numpy())
-    table = records.read_records(tmp_path)            # the study table: this folder only, every status
-    assert sorted(table.run_id) == ["run0", "run10", "run2", "run4", "run6", "run8", "torn"]
+    table = records.read_records(tmp_path)            # the study table: the same records, every status
+    assert sorted(table.run_id) == sorted([f"run{i}" for i in range(12)] + ["torn"])
+    assert (table.set_index("run_id").loc[[f"run{i}" for i in range(12)], "budget"].to_numpy() == df.budget).all()
     assert table.set_index("run_id").loc["torn", "status"] == "corrupt"
 
 

@@ -47,6 +47,26 @@ def test_the_fit_table_is_the_fitters_main_design():
     assert len(Study("cpu-main").fit_table(main_design=False)) >= len(ours)
 
 
+def test_every_table_of_a_folder_is_a_view_of_the_one_reader():
+    """`looped.records.runs_table` is the one folder -> table reader: the study table is its rows in
+    `COLUMNS`, the fitter's table its rows cast and checked (`validate_runs`), and `load_arms` reads
+    each arm's folder through `Study.fit_table`."""
+    from looped import records
+    from looped.fit import validate_runs
+    from looped.studies.paired import load_arms
+    s = Study("cpu-main")
+    one = records.runs_table(s.folder)
+    assert len(one) == len(list(s.folder.glob("*.json")))   # one row per record
+    pd.testing.assert_frame_equal(s.records(), records.study_columns(one))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (unfinished runs are dropped with a warning)
+        fitted = validate_runs(one, str(s.folder))
+    pd.testing.assert_frame_equal(s.fit_table(main_design=False), fitted)
+    assert list(s.fit_table(main_design=False).file) == list(one.file[one.status == "ok"])
+    arms = load_arms()
+    assert sum(map(len, arms.values())) > len(s.fit_table(main_design=False))
+
+
 def test_gpu_costs_sum_each_studys_plan_and_size_its_longest_runs_shards():
     """The chapter's cost table of the GPU studies: hours at the assumed MFU as `Study.cost`
     totals them, days on one GPU and on a node, and 2 bytes on disk per token of the longest run."""

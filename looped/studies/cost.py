@@ -17,7 +17,7 @@ import pandas as pd
 from .. import accounting, memory
 from ..config import REPO, repo_relative
 from ..memory import gpu_spec
-from ..records import COLUMNS, iter_records, read_records, run_state, table_row
+from ..records import COLUMNS, read_records, run_state, runs_table, study_columns
 from .registry import SweepError
 
 if TYPE_CHECKING:
@@ -116,10 +116,11 @@ def fast_path_records(preset: str, runs_root: str | Path | None = None) -> pd.Da
     from another study are skipped, so no run counts twice)."""
     rows = []
     for folder in sorted(p for p in Path(runs_root or REPO / "runs").glob("*") if p.is_dir()):
-        for _, rec in iter_records(folder):
-            if (isinstance(rec, dict) and rec.get("preset") == preset and rec.get("compile")
-                    and rec.get("status") == "ok" and "copied_from" not in rec):
-                rows.append(table_row(rec))
+        t = runs_table(folder)
+        col = lambda c: t[c] if c in t.columns else pd.Series(None, index=t.index, dtype=object)
+        keep = (col("status").eq("ok") & col("preset").eq(preset) & col("compile").fillna(False).astype(bool)
+                & col("copied_from").isna())
+        rows += study_columns(t[keep]).to_dict("records")
     return pd.DataFrame(rows, columns=COLUMNS)
 
 

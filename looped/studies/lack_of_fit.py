@@ -31,6 +31,7 @@ from ..io import atomic_write_json, json_ready
 from ..solver import RunArrays, law_loss
 from .law_variants import NAN2, check_runs, fit_multi, fit_residuals, onehot
 from .paper import PAPER_DIR, runs_from_minima
+from .registry import study_folder
 from .replicates import REPLICATE_STUDIES, pure_error
 from .robustness import cell_position, count_embeddings
 
@@ -192,10 +193,10 @@ def conventions(df, restarts=500, bootstrap=200, boot_restarts=None, seed=0) -> 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="looped misfit", description="Where the law misses our runs; phi's anchor "
                                  "and counting conventions.")
-    ap.add_argument("--runs", default=str(REPO / "runs" / "cpu-main"), help="runs of the main fit (folder or CSV)")
-    ap.add_argument("--seeds", nargs="*", default=[str(REPO / "runs" / n) for n in REPLICATE_STUDIES],
+    ap.add_argument("--runs", default=str(study_folder("cpu-main")), help="runs of the main fit (folder or CSV)")
+    ap.add_argument("--seeds", nargs="*", default=[str(study_folder(n)) for n in REPLICATE_STUDIES],
                     help="replicate runs (folders or CSVs; absent ones skipped)")
-    ap.add_argument("--controls", default=str(REPO / "runs" / "cpu-controls"),
+    ap.add_argument("--controls", default=str(study_folder("cpu-controls")),
                     help="the linear r = 1 controls (folder or CSV; skipped when absent)")
     ap.add_argument("--out", required=True, help="JSON file to write")
     ap.add_argument("--quick", action="store_true", help="few restarts and resamples (CI)")

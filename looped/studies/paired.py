@@ -14,7 +14,6 @@ runs, checks them by simulation and writes the results (`looped paired`).
 from __future__ import annotations
 
 import json
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,10 +22,11 @@ import pandas as pd
 from scipy import stats
 
 from ..config import DEFAULT_SEED
-from ..fit import FitError, FitResult, at_bounds, fit, load_runs, validate_runs
+from ..fit import FitError, FitResult, at_bounds, fit, validate_runs
 from ..law import Law
 from ..resample import cell_resample, cells
 from ..solver import HI, LO, RunArrays, log_law, solve_restarts, to_theta
+from .study import Study
 
 KEYS = ("budget", "r", "s", "seed", "data_order")
 FOLDERS = ("cpu-main", "cpu-truncated", "cpu-hyper", "cpu-controls", "cpu-matched", "cpu-replicates")
@@ -63,10 +63,9 @@ def arm_of(df) -> np.ndarray:
 
 
 def load_arms(root="runs", folders=FOLDERS) -> dict:
-    """{arm: runs table} from the record folders under `root` that exist (others are skipped)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        frames = [load_runs(p) for p in (Path(root) / f for f in folders) if p.is_dir() and any(p.rglob("*.json"))]
+    """{arm: runs table} from the record folders under `root` (relative: to the repository root), each
+    read as the fitter reads it (`Study.fit_table`, all designs); a folder without records is skipped."""
+    frames = [t for t in (Study.at(Path(root) / f).fit_table(main_design=False) for f in folders) if len(t)]
     if not frames:
         raise FitError(f"{root}: no run records in {', '.join(folders)}")
     df = pd.concat(frames, ignore_index=True)

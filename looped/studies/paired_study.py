@@ -13,7 +13,6 @@ import argparse
 import json
 import sys
 import time
-import warnings
 from dataclasses import asdict
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from ..config import REPO
-from ..fit import FitError, FitResult, load_runs, validate_runs
+from ..fit import FitError, FitResult, validate_runs
 from ..io import atomic_write_json, json_ready
 from ..law import synthetic_losses
 from ..solver import HUBER_DELTA
@@ -39,6 +38,7 @@ from .paired import (
     token_term_check,
 )
 from .replicates import REPLICATE_STUDIES, pure_error
+from .study import Study
 
 STUDIES = ("truncated_matched", "truncated", "hyper")   # matched first: truncation's headline
 QUICK = dict(restarts=20, bootstrap=40, boot_restarts=2, n_reps=4, sim_bootstrap=30)
@@ -173,10 +173,8 @@ def main(argv=None) -> int:
         if a.same_runs_as:
             arms = same_runs(arms, a.same_runs_as)
         main_df, ctl = arms["main"], arms["control_linear"]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            seeds = [load_runs(p) for p in (Path(a.runs) / n for n in REPLICATE_STUDIES)
-                     if p.is_dir() and any(p.rglob("*.json"))]
+        seeds = [t for t in (Study.at(Path(a.runs) / n).fit_table(main_design=False) for n in REPLICATE_STUDIES)
+                 if len(t)]   # read as load_arms reads the arms (a folder without records: none)
         pe = pure_error(main_df, *seeds)   # the book's one pure error: never a run and its other-token twin
         measured = pe["seed_sd"]
         noise = a.seed_sd if a.seed_sd is not None else (measured if np.isfinite(measured) else 0.011)

@@ -4,12 +4,9 @@ two views of how firmly the runs pin phi down (`phi_profile`, `rmse_at_phi`).
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 
-from ..config import REPO
 from ..fit import fit
 from ..law import as_law, residuals
 from .case_studies import case_study
@@ -79,9 +76,8 @@ def our_phi_fits(main_runs, truncated_runs=None, hyper=None, restarts: int = 500
     on the records in ``truncated_runs`` beside the main study (`looped.studies.case_studies.case_study`,
     reusing the baseline of ``hyper`` when both studies cover the same budgets).  A fit that
     could not be done (too few runs, a study not given) is None.  Relative folders are taken
-    from the repository root.
+    from the repository root (by `Study`).
     """
-    main_runs = Path(main_runs) if Path(main_runs).is_absolute() else REPO / main_runs
     runs, _ = main_design(Study.at(main_runs).records())
     out = dict.fromkeys(PHI_FITS)
     if joint_fit_ready(runs):
@@ -91,7 +87,6 @@ def our_phi_fits(main_runs, truncated_runs=None, hyper=None, restarts: int = 500
     if hyper is not None:
         out["case-study baseline"], out["hyperconnections"] = hyper.baseline, hyper.variant
     if truncated_runs is not None:
-        truncated_runs = Path(truncated_runs) if Path(truncated_runs).is_absolute() else REPO / truncated_runs
         cs = case_study(main_runs, truncated_runs, name="truncated BPTT", restarts=restarts, seed=seed,
                         bootstrap=bootstrap, reuse=hyper)
         out["truncated BPTT"] = cs.variant

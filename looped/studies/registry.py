@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..accounting import steps_for_budget
-from ..config import DEFAULT_SEED, Preset, get_preset, model_config, run_name, shipped
+from ..config import DEFAULT_SEED, REPO, Preset, get_preset, model_config, run_name, shipped
 from ..options import TrainConfig
 
 GRID_FILES = {"paper": shipped("runs/paper/grids.csv"), "cpu": shipped("runs/cpu_grids.csv"),
@@ -117,6 +117,12 @@ class Run:
     def run_id(self) -> str:
         return run_name(self.model_config(), self.budget, self.steps, lr_scale=self.lr_scale, seed=self.seed,
                         batch_tokens=self.batch_tokens, data_order=self.data_order)
+
+
+def study_folder(name: str) -> Path:
+    """The folder of a study's run records: runs/NAME in the repository (`looped.studies.study.Study.folder`'s
+    default; the one place it is spelled)."""
+    return REPO / "runs" / name
 
 
 def parse_injection(name: str) -> tuple[str, int]:

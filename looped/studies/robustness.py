@@ -35,7 +35,7 @@ from ..solver import LAW_PARAMS
 from .law_variants import NAN2, check_runs, fit_multi, fit_residuals, fit_row, onehot, rmse
 from .paper import PAPER_LAW, design_of, paper_grid, paper_table
 from .phi_drift import add_budgets, phi_vs_compute, power, trend_simulation
-from .registry import STUDIES, load_study
+from .registry import STUDIES, load_study, study_folder
 from .replicates import REPLICATE_STUDIES, protocol_shift, pure_error, replicate_sd, seed_and_order  # noqa: F401
 
 RESULTS = REPO / "runs" / "analysis" / "robustness.json"   # what `looped robustness` wrote, committed
@@ -277,10 +277,10 @@ def run_all(df, seed_df, s: dict, seed=0, drift=None, planned=None) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="looped robustness", description="Robustness studies of phi.")
-    ap.add_argument("--runs", default=str(REPO / "runs" / "cpu-main"), help="runs of the main fit (folder or CSV)")
-    ap.add_argument("--seeds", nargs="*", default=[str(REPO / "runs" / n) for n in REPLICATE_STUDIES],
+    ap.add_argument("--runs", default=str(study_folder("cpu-main")), help="runs of the main fit (folder or CSV)")
+    ap.add_argument("--seeds", nargs="*", default=[str(study_folder(n)) for n in REPLICATE_STUDIES],
                     help="replicate runs (folders or CSVs; absent ones skipped)")
-    ap.add_argument("--drift", nargs="*", default=[str(REPO / "runs" / "cpu-drift")],
+    ap.add_argument("--drift", nargs="*", default=[str(study_folder("cpu-drift"))],
                     help="runs at further budgets (folders or CSVs; absent or empty ones skipped)")
     ap.add_argument("--out", required=True, help="JSON file to write")
     ap.add_argument("--quick", action="store_true", help="small restarts, bootstrap and draws (CI)")

@@ -3,7 +3,9 @@ folder of run records, and gives the tables read from them.
 
 `Study("cpu-main")` (grid and preset from `looped.studies.registry`, records in runs/cpu-main);
 `Study("cpu-main", folder=...)` reads another folder; `Study.at(folder)` is the records of a
-folder named after it.  A relative folder is taken from the repository root once, here.  The
+folder named after it.  A relative folder is taken from the repository root once, here.  Every
+table of its records is a view of the one reader `looped.records.runs_table` (its policy: every
+record below the folder, every status, nested fields flattened, no cast).  The
 tables: `records()` (every record, or the finished ones), `plan()` (every planned run's size,
 tokens and compute), `table()` (the plan joined with the records), `fit_table()` (the runs the
 joint law is fitted to), `cost()` (training compute and accelerator-hours) and
@@ -30,7 +32,7 @@ from ..memory import GPU_SPECS
 from ..records import COLUMNS, read_records
 from . import iso_flop
 from .cost import DEFAULT_GPU_MFU, plan
-from .registry import STUDIES, Run, SweepError, load_study
+from .registry import STUDIES, Run, SweepError, load_study, study_folder
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,7 @@ class Study:
             object.__setattr__(self, "runs", tuple(load_study(self.name)))
         if self.preset is None and self.runs:
             object.__setattr__(self, "preset", self.runs[0].preset)
-        folder = Path("runs") / self.name if self.folder is None else Path(self.folder)
+        folder = study_folder(self.name) if self.folder is None else Path(self.folder)
         object.__setattr__(self, "folder", folder if folder.is_absolute() else REPO / folder)
 
     @classmethod
@@ -58,9 +60,9 @@ class Study:
         return cls(Path(folder).name, folder=folder)
 
     def records(self, ok: bool = False) -> pd.DataFrame:
-        """Its run records (`looped.records.read_records`): every status, or with `ok` only the
-        finished runs, their numeric columns as numbers.  A folder that does not exist yet (a sweep
-        that has not started) has none."""
+        """Its run records (`looped.records.read_records`: `runs_table` in `COLUMNS`): every status,
+        or with `ok` only the finished runs, their numeric columns as numbers.  A folder that does
+        not exist yet (a sweep that has not started) has none."""
         rec = read_records(self.folder) if self.folder.is_dir() else pd.DataFrame(columns=COLUMNS)
         if not ok:
             return rec
@@ -71,10 +73,10 @@ class Study:
         return rec
 
     def fit_table(self, main_design: bool = True) -> pd.DataFrame:
-        """The finished runs as the fitter reads them (`looped.fit.load_runs`, its warnings about
-        unfinished runs silenced) and, with `main_design`, only the main design the joint law is
-        fitted to (`iso_flop.main_design`).  A missing folder, or one without records, gives an
-        empty table."""
+        """The finished runs as the fitter reads them (`looped.fit.load_runs`: `runs_table` cast and
+        checked, its warnings about unfinished runs silenced) and, with `main_design`, only the main
+        design the joint law is fitted to (`iso_flop.main_design`).  A missing folder, or one
+        without records, gives an empty table."""
         p = self.folder
         if not p.exists() or (p.is_dir() and not any(p.rglob("*.json"))):
             return pd.DataFrame(columns=list(REQUIRED) + ["budget"])

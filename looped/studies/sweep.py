@@ -34,7 +34,7 @@ from ..options import TrainConfig, add_options, given_options, option_argv
 from ..records import RecordError, read_records, record_status
 from .cost import DEFAULT_GPU_MFU
 from .dry_run import dry_run, slurm_lines
-from .registry import GRID_COLUMNS, STUDIES, Run, SweepError, load_study
+from .registry import GRID_COLUMNS, STUDIES, Run, SweepError, load_study, study_folder
 
 
 def sweep(study: str, out: str | Path, shard: tuple[int, int] = (0, 1), checkpoint_every: int | None = None,
@@ -295,7 +295,7 @@ def main(argv=None) -> int:
     if error:
         print(f"looped sweep: error: {error}", file=sys.stderr)
         return 2
-    out = Path(a.out or REPO / "runs" / a.study)
+    out = Path(a.out or study_folder(a.study))
     train_kw = given_options(a, passthrough=True)
     try:
         runs = load_study(a.study, a.grid, a.preset)  # the study, grid and preset, resolved once
