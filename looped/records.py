@@ -4,7 +4,7 @@ A record is what `looped.train.train` writes; a folder of them is a study.  `ite
 the one place record files are opened, and `runs_table` the one folder -> table reader (its
 policy is in its docstring): `read_records` (the study table, `COLUMNS`) and the fitter's
 `looped.fit.load_runs` (which casts and checks it) are views of it, and
-`looped.studies.study.Study` serves them.
+`looped.studies.sweep.study.Study` serves them.
 
 Every record names the data its run trained on: from schema 2 on, the trainer writes the field
 ``data`` (dataset directory name, corpus, corpus version and the dataset's digest, from its

@@ -1,4 +1,4 @@
-"""looped.studies.study.Study: a named study's grid, resolved preset and folder as one value; its
+"""looped.studies.sweep.study.Study: a named study's grid, resolved preset and folder as one value; its
 tables read the same records from any working directory."""
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 
 from looped.config import PRESETS, REPO
 from looped.fit import load_runs
-from looped.studies.iso_flop import main_design
-from looped.studies.registry import SweepError, load_study
-from looped.studies.study import Study
+from looped.studies.sweep.iso_flop import main_design
+from looped.studies.sweep.registry import SweepError, load_study
+from looped.studies.sweep.study import Study
 
 
 def test_a_named_study_carries_its_grid_preset_and_folder():
@@ -53,7 +53,7 @@ def test_every_table_of_a_folder_is_a_view_of_the_one_reader():
     each arm's folder through `Study.fit_table`."""
     from looped import records
     from looped.fit import validate_runs
-    from looped.studies.paired import load_arms
+    from looped.studies.case_studies.paired import load_arms
     s = Study("cpu-main")
     one = records.runs_table(s.folder)
     assert len(one) == len(list(s.folder.glob("*.json")))   # one row per record
@@ -70,7 +70,7 @@ def test_every_table_of_a_folder_is_a_view_of_the_one_reader():
 def test_gpu_costs_sum_each_studys_plan_and_size_its_longest_runs_shards():
     """The chapter's cost table of the GPU studies: hours at the assumed MFU as `Study.cost`
     totals them, days on one GPU and on a node, and 2 bytes on disk per token of the longest run."""
-    from looped.studies.study import gpu_costs
+    from looped.studies.sweep.study import gpu_costs
     table = gpu_costs(["gpu-main", "paper-main"], peak_flops=1e15, mfu=0.5).set_index("study")
     for name in ("gpu-main", "paper-main"):
         plan = Study(name).plan()

@@ -13,7 +13,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from looped.fit import FitResult  # noqa: E402
 from looped.law import Law  # noqa: E402
 from looped.report import case_study_page, synthesis  # noqa: E402
-from looped.studies import lack_of_fit, robustness  # noqa: E402
+from looped.studies.constancy import analysis as robustness  # noqa: E402
+from looped.studies.constancy import misfit as lack_of_fit
 from looped.studies.paper import PAPER_PHI_CI  # noqa: E402
 
 

@@ -85,7 +85,7 @@ def _case_study(delta_boot, base_E=math.exp(-3), lo_phi=0.5):
     from looped.fit import FitResult
     from looped.law import Law
     from looped.solver import LO
-    from looped.studies.case_studies import CaseStudy
+    from looped.studies.case_studies.protocol import CaseStudy
     cells = pd.DataFrame({"budget": [1e11, 1e11, 3e11], "r": [1, 2, 2]})
 
     def fake(phi, E, boot_phi):
@@ -121,8 +121,8 @@ def test_phi_profile_has_its_minimum_near_the_fitted_phi(tmp_path):
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from looped.studies import phi_fits
     from looped.studies.paper import PAPER_DIR, runs_from_minima
+    from looped.studies.phi import estimates as phi_fits
     minima = runs_from_minima(PAPER_DIR / "compute_optimal_minima.csv")
     prof = phi_fits.phi_profile(minima, phis=np.array([0.0, 0.45, 1.0]), restarts=20)
     assert list(prof.columns) == ["phi", "huber", "r2", "relative"]
