@@ -125,6 +125,8 @@ def _row(df, i: int, where: str, rows=None) -> str:
 def validate_runs(df, where: str = "runs", need: tuple = ()):
     """The fitter's runs table, checked and cast (see `REQUIRED`); ``need``: columns an analysis also
     needs.  FitError (one line) otherwise."""
+    if len(df) == 0 and len(df.columns) == 0:
+        raise FitError(f"{where}: no runs (the table is empty)")
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
         raise FitError(f"{where}: missing column(s) {', '.join(missing)}")
@@ -160,7 +162,7 @@ def validate_runs(df, where: str = "runs", need: tuple = ()):
     missing = [c for c in need if c not in df.columns]
     if missing:
         raise FitError(f"{where}: missing column(s) {', '.join(missing)}")
-    df = df.reset_index(drop=True)
+    df = records.cast(df).reset_index(drop=True)
     df.attrs[DATA_ROW] = rows
     return df
 

@@ -144,7 +144,7 @@ def test_the_committed_results_rerun_in_small(tmp_path):
     """CI's reduced rerun of `looped case-studies` on the committed runs: every point estimate within 0.01
     of the committed full run's (its intervals come from far fewer resamples), and the chapters'
     reading of the committed file."""
-    from looped.report import case_study_page
+    from looped.report import case_studies
     committed = ps.read_results()
     out = tmp_path / "case_studies.json"
     with warnings.catch_warnings():
@@ -156,7 +156,7 @@ def test_the_committed_results_rerun_in_small(tmp_path):
     for name, res in committed["studies"].items():
         mine = quick["studies"][name]["estimates"].set_index("estimator").estimate
         assert np.allclose(mine, res["estimates"].set_index("estimator").estimate, atol=0.01), name
-        assert len(case_study_page.paired_estimates(res)) == 3
+        assert len(case_studies.paired_estimates(res)) == 3
     models = quick["studies"]["hyper"]["models"].set_index("model").estimate
     assert np.allclose(models, committed["studies"]["hyper"]["models"].set_index("model").estimate, atol=0.01)
     check = committed["studies"]["truncated"]["token_check"]

@@ -49,7 +49,7 @@ def test_the_case_study_guards_fail_on_perturbed_records():
     """Chapter 6's pair-noise guard, computed from the records, fails when the replicates agree far
     better than they do; chapter 5's guard on truncation's cost fails when the matched twins' cost
     grows with r."""
-    from looped.report import case_study_page as page
+    from looped.report import case_studies as page
     from looped.studies.case_studies.paired import gain_trend, load_arms, pairs
     main, seeds = _records()
     models = paired_study.read_results()["studies"]["hyper"]["models"]

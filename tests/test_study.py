@@ -80,3 +80,30 @@ def test_gpu_costs_sum_each_studys_plan_and_size_its_longest_runs_shards():
         assert row.days_1gpu == pytest.approx(row.gpu_hours / 24)
         assert row.days_8gpu == pytest.approx(row.gpu_hours / 8 / 24)
         assert row.shards_GB == pytest.approx(2 * plan.tokens.max() / 1e9)
+
+
+def test_every_table_types_its_numbers_by_one_policy():
+    """`looped.records.cast` is the one type policy: the study table's finished runs, the fitter's
+    table and the main design give a column one dtype (counts integers, measurements floats)."""
+    from looped import records
+    s = Study("cpu-main")
+    tables = {"records(ok)": s.records(ok=True), "fit_table(all)": s.fit_table(main_design=False),
+              "fit_table": s.fit_table()}
+    for name, table in tables.items():
+        assert table["r"].dtype.kind == "i" and table["seed"].dtype.kind == "i", name
+        for col in ("loss", "budget", "s", "tokens"):
+            assert table[col].dtype.kind == "f", (name, col)
+    mixed = records.cast(pd.DataFrame({"r": ["2", 4.0], "d_model": [64, None], "steps": [10, 10.5],
+                                       "loss": ["3.5", "x"], "injection": ["linear", "none"]}))
+    assert mixed["r"].tolist() == [2, 4] and mixed["r"].dtype.kind == "i"
+    assert mixed["d_model"].dtype.kind == "f" and mixed["steps"].dtype.kind == "f"   # a gap, a fraction
+    assert mixed["loss"].iloc[0] == 3.5 and pd.isna(mixed["loss"].iloc[1])
+    assert mixed["injection"].tolist() == ["linear", "none"]   # text left as it is
+
+
+def test_an_analysis_names_the_columns_it_needs():
+    from looped.fit import FitError, validate_runs
+    runs = Study("cpu-main").fit_table()
+    assert len(validate_runs(runs, need=("budget", "s"))) == len(runs)
+    with pytest.raises(FitError, match="^runs: missing column.s. budget$"):
+        validate_runs(runs.drop(columns="budget"), need=("budget",))

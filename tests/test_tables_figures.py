@@ -5,7 +5,7 @@ import math
 import pandas as pd
 
 from looped.config import R_VALUES
-from looped.report import case_study_page, figures, formatting, tables
+from looped.report import case_studies, figures, formatting, tables
 from looped.studies.paper import PAPER_BUDGETS
 
 
@@ -107,14 +107,14 @@ def _case_study(delta_boot, base_E=math.exp(-3), lo_phi=0.5):
 def test_case_study_texts_follow_the_numbers():
     cs = _case_study([-0.4, -0.2, -0.1, 0.3])                      # negative change, interval contains zero
     # one rule for both case studies: an interval that contains zero resolves nothing, whatever the sign
-    assert case_study_page.reproduced(cs, paper_delta=+0.19) == "unresolved (spans 0)"
-    assert case_study_page.reproduced(cs, paper_delta=-0.07) == "unresolved (spans 0)"
+    assert case_studies.reproduced(cs, paper_delta=+0.19) == "unresolved (spans 0)"
+    assert case_studies.reproduced(cs, paper_delta=-0.07) == "unresolved (spans 0)"
     unpaired = dataclasses.replace(cs, variant_runs=cs.variant_runs.head(2))   # the tables hold other cells
     assert unpaired.delta_phi_ci is None
-    assert case_study_page.reproduced(unpaired, paper_delta=-0.07) == "unresolved (unpaired)"
-    notes = " ".join(case_study_page.edge_notes(cs))
+    assert case_studies.reproduced(unpaired, paper_delta=-0.07) == "unresolved (unpaired)"
+    notes = " ".join(case_studies.edge_notes(cs))
     assert "E at the lower edge" in notes and "lower end of the variant fit's φ interval" in notes
-    assert case_study_page.reproduced(_case_study([-0.3, -0.2, -0.1, -0.05]), paper_delta=-0.07) == "yes"
+    assert case_studies.reproduced(_case_study([-0.3, -0.2, -0.1, -0.05]), paper_delta=-0.07) == "yes"
 
 
 def test_phi_profile_has_its_minimum_near_the_fitted_phi(tmp_path):

@@ -112,7 +112,7 @@ def dphi_rows(truncated, hyper, paired: dict, paper: pd.DataFrame) -> pd.DataFra
 
     ``truncated``, ``hyper``: the chapters' `CaseStudy` refits (the paper's protocol, with the
     shared-resample interval); ``paired``: `looped.studies.case_studies.analysis.read_results` (twin
-    pairs, the law held at the main fit); ``paper``: the paper's fits (`case_study_page.paper_fits`),
+    pairs, the law held at the main fit); ``paper``: the paper's fits (`case_studies.paper_fits`),
     whose Δφ stands beside the protocol row.  ``verdict`` marks the estimate each chapter's rule
     reads: truncation at matched tokens, hyperconnections with an offset per width and the
     linear r = 1 anchor."""

@@ -14,6 +14,7 @@ import pandas as pd
 from ...config import R_VALUES
 from ...fit import FitError, validate_runs
 from ...law import parabola, residuals
+from ...records import cast
 
 
 def main_design(runs):
@@ -31,10 +32,7 @@ def main_design(runs):
     reason = np.where(~ok, "status " + runs["status"].astype(str), "not the main design")
     kept = runs[ok & design].reset_index(drop=True)
     dropped = runs[~(ok & design)].assign(reason=reason[~(ok & design).to_numpy()]).reset_index(drop=True)
-    for col in ("budget", "r", "s", "n_once", "n_rec", "tokens", "loss"):
-        kept[col] = kept[col].astype(float)
-    kept["r"] = kept["r"].astype(int)
-    return kept, dropped
+    return cast(kept), dropped
 
 
 def budget_halves(budgets):

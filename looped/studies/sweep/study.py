@@ -29,7 +29,7 @@ from ...data.dataset import dataset_name
 from ...data.packing import TOKEN_DTYPE
 from ...fit import REQUIRED, load_runs
 from ...memory import GPU_SPECS
-from ...records import COLUMNS, read_records
+from ...records import COLUMNS, cast, read_records
 from . import iso_flop
 from .cost import DEFAULT_GPU_MFU, plan
 from .registry import STUDIES, Run, SweepError, load_study, study_folder
@@ -61,16 +61,10 @@ class Study:
 
     def records(self, ok: bool = False) -> pd.DataFrame:
         """Its run records (`looped.records.read_records`: `runs_table` in `COLUMNS`): every status,
-        or with `ok` only the finished runs, their numeric columns as numbers.  A folder that does
-        not exist yet (a sweep that has not started) has none."""
+        or with `ok` only the finished runs, typed by `looped.records.cast`.  A folder that does not
+        exist yet (a sweep that has not started) has none."""
         rec = read_records(self.folder) if self.folder.is_dir() else pd.DataFrame(columns=COLUMNS)
-        if not ok:
-            return rec
-        rec = rec[rec.status == "ok"].copy()
-        for col in ("loss", "budget", "s", "lr_scale", "d_model", "r"):
-            rec[col] = rec[col].astype(float)
-        rec["seed"] = rec["seed"].astype(int)
-        return rec
+        return cast(rec[rec.status == "ok"]) if ok else rec
 
     def fit_table(self, main_design: bool = True) -> pd.DataFrame:
         """The finished runs as the fitter reads them (`looped.fit.load_runs`: `runs_table` cast and
