@@ -33,7 +33,7 @@ class RecordError(ValueError):
 
 
 COLUMNS = ["run_id", "study", "status", "budget", "r", "s", "injection", "bptt_k", "d_model", "n", "n_once",
-           "n_rec", "flops_per_token", "tokens", "loss", "wall_seconds", "tokens_per_s", "mfu",
+           "n_rec", "flops_per_token", "tokens", "steps", "loss", "wall_seconds", "tokens_per_s", "mfu",
            "lr_scale", "seed", "batch_tokens", "data_order", "dataset", "corpus_version"]
 
 RUN_COLUMNS = ("r", "n_once", "n_rec", "tokens", "loss")  # what the fitter needs of every run

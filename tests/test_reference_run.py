@@ -29,7 +29,7 @@ def test_the_committed_record_is_the_command_it_names():
     assert reference.COMMAND in readme and "make reference" in readme
     assert f"{reference.TOLERANCE} nats" in readme and f"{RECORD['loss']:.6f}" in readme
     makefile = (REPO / "Makefile").read_text()
-    assert re.search(r"^reference: venv.*\n\t\$\(PY\) -m looped\.studies\.reference$", makefile, re.M)
+    assert re.search(r"^reference: venv.*\n\t\$\(PY\) -m looped\.studies\.sweep\.reference$", makefile, re.M)
 
 
 def test_the_comparison_says_how_close_a_rerun_came():
