@@ -70,12 +70,12 @@ notebooks: venv  ## regenerate the executed nbval references book/NN_*.ipynb fro
 
 # The minutes-long analyses over the committed runs (about 40 min on two cores, measured 3.7 + 16 + 17 for shape), then
 # the chapters that read their results: run it when new runs have landed, and commit runs/analysis and book/.
-analysis: venv  ## rerun `looped robustness`, `looped misfit`, `looped paired` and `looped shape`, then regenerate the chapters that read them
-	$(PY) -m looped robustness --out runs/analysis/robustness.json
-	$(PY) -m looped misfit --out runs/analysis/lack_of_fit.json
-	$(PY) -m looped paired --out runs/analysis/paired.json
+analysis: venv  ## rerun `looped constancy`, `looped misfit`, `looped case-studies` and `looped shape`, then regenerate the chapters that read them
+	$(PY) -m looped constancy --out runs/analysis/constancy.json
+	$(PY) -m looped misfit --out runs/analysis/misfit.json
+	$(PY) -m looped case-studies --out runs/analysis/case_studies.json
 	$(PY) -m looped shape --out runs/analysis/shape.json
-	$(PY) tools/notebooks.py 02_sweep 03_our_phi 03_phi_limits 05_truncation 06_hyperconnections 07_what_phi_buys 04_phi_constant appendix_external 04_shape 08_conclusion
+	$(PY) tools/notebooks.py 02_sweep 03_our_phi 03_phi_limits 05_truncation 06_hyperconnections 07_what_phi_buys 04_constancy appendix_external 04_shape 08_conclusion
 
 # the unit tests and nbval side by side, one per core; each one's output is printed when it ends
 test: venv
@@ -115,7 +115,7 @@ html-check: venv  ## after `make book` (builds it first only if there is no buil
 # The reference run (runs/reference/README.md): retrain it eagerly on one thread in a temporary folder and compare
 # its validation loss with the committed record (0.02 nats; identical to the last bit on the machine that wrote it).
 reference: venv  ## retrain runs/reference/'s run and compare its loss with the committed one
-	$(PY) -m looped.studies.reference
+	$(PY) -m looped.studies.sweep.reference
 
 # corpus v3 (preset prose3): fetch its 36 pinned Debian packages (483 MB) into data/sources, build the
 # dataset (~2.5 min; compared with the committed manifest runs/prose3-bpe2048-T128.json) and print
@@ -123,7 +123,7 @@ reference: venv  ## retrain runs/reference/'s run and compare its loss with the 
 corpus: venv
 	$(PY) -m looped.data.corpus fetch
 	$(PY) -m looped data prepare --preset prose3
-	$(PY) -m looped.studies.study margin prose3
+	$(PY) -m looped.studies.sweep.study margin prose3
 
 check-sources: venv  ## is every pinned source still in Debian's index? (seconds; CI runs it)
 	$(PY) -m looped.data.corpus check-sources --version 3

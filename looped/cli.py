@@ -12,30 +12,25 @@ from .io import destination_error
 COMMANDS = {  # name -> (module, function, one-line help)
     "accounting": ("looped.accounting", "main", "parameter and FLOPs accounting of a configuration"),
     "train": ("looped.train", "main", "train one configuration for a FLOPs budget"),
-    "sweep": ("looped.studies.sweep", "main", "run (or size, with --dry-run) a named study, resumably"),
-    "runs": ("looped.studies.sweep", "runs_main", "print a study's runs table and export the fitter's CSV"),
+    "sweep": ("looped.studies.sweep.runner", "main", "run (or size, with --dry-run) a named study, resumably"),
+    "runs": ("looped.studies.sweep.runner", "runs_main", "print a study's runs table and export the fitter's CSV"),
     "fit": ("looped.fit_cli", "main", "fit the joint scaling law (phi) to a runs table"),
     "data": ("looped.data.dataset", "main", "prepare tokenizer and data shards"),
     "bench": ("looped.studies.bench", "main", "benchmarks: `bench train`, `bench fit`, `bench profile`"),
-    "robustness": (
-        "looped.studies.robustness",
-        "main",
-        "is phi a constant: other forms, drift with compute, lack of fit",
-    ),
-    "misfit": (
-        "looped.studies.lack_of_fit", "main", "where the law misses our runs: the ladder of models, phi's anchor"
-    ),
-    "paired": (
-        "looped.studies.paired_study", "main", "case studies: paired estimators of delta-phi and their simulation"
-    ),
+    "constancy": ("looped.studies.constancy.analysis", "main",
+                  "is phi a constant: other forms, drift with compute, lack of fit"),
+    "misfit": ("looped.studies.constancy.misfit", "main",
+               "where the law misses our runs: the ladder of models, phi's anchor"),
+    "case-studies": ("looped.studies.case_studies.analysis", "main",
+                     "truncation and hyperconnections: paired estimators of delta-phi and their simulation"),
     "corpora": ("looped.studies.corpora", "main", "phi on two corpora with one design (cpu-main and cpu3-main)"),
-    "external": (
-        "looped.studies.external", "main", "phi on another lab's looped runs (qlabs scaling-exponents tables)"
-    ),
-    "shape": (
-        "looped.studies.shape", "main", "is r^phi the right shape: held-out-r tests of power, linear, bounded, free"
-    ),
+    "external": ("looped.studies.external.analysis", "main",
+                 "phi on another lab's looped runs (qlabs scaling-exponents tables)"),
+    "shape": ("looped.studies.shape", "main",
+              "is r^phi the right shape: held-out-r tests of power, linear, bounded, free"),
 }
+# commands renamed when looped/studies/ was grouped by question: old name -> new
+RENAMED = {"robustness": "constancy", "paired": "case-studies"}
 
 
 # The optional libraries and the extra of pyproject.toml that installs each: `pip install looped` fits,
@@ -72,7 +67,7 @@ def missing_extra(command: str, error: ModuleNotFoundError) -> str | None:
 def usage() -> str:
     lines = ["usage: looped COMMAND [options]    (looped COMMAND --help: its options; looped --version)", "",
              "commands:"]
-    lines += [f"  {name:<11} {help_}" for name, (_, _, help_) in COMMANDS.items()]
+    lines += [f"  {name:<13} {help_}" for name, (_, _, help_) in COMMANDS.items()]
     return "\n".join(lines)
 
 
@@ -103,6 +98,9 @@ def main(argv=None) -> int:
     if argv[0] in ("-V", "--version"):
         print(f"looped {version()}")
         return 0
+    if argv[0] in RENAMED:
+        print(f"looped: error: `looped {argv[0]}` is now `looped {RENAMED[argv[0]]}` (same options)", file=sys.stderr)
+        return 2
     if argv[0] not in COMMANDS:
         print(f"looped: error: unknown command {argv[0]!r}\n{usage()}", file=sys.stderr)
         return 2

@@ -122,7 +122,11 @@ def _row(df, i: int, where: str, rows=None) -> str:
     return f"{where}: data row {(rows or data_rows(df))[i]}"
 
 
-def validate_runs(df, where: str = "runs"):
+def validate_runs(df, where: str = "runs", need: tuple = ()):
+    """The fitter's runs table, checked and cast (see `REQUIRED`); ``need``: columns an analysis also
+    needs.  FitError (one line) otherwise."""
+    if len(df) == 0 and len(df.columns) == 0:
+        raise FitError(f"{where}: no runs (the table is empty)")
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
         raise FitError(f"{where}: missing column(s) {', '.join(missing)}")
@@ -155,7 +159,10 @@ def validate_runs(df, where: str = "runs"):
         df[c] = v
     if len(df) == 0:
         raise FitError(f"{where}: no runs to fit")
-    df = df.reset_index(drop=True)
+    missing = [c for c in need if c not in df.columns]
+    if missing:
+        raise FitError(f"{where}: missing column(s) {', '.join(missing)}")
+    df = records.cast(df).reset_index(drop=True)
     df.attrs[DATA_ROW] = rows
     return df
 

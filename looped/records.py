@@ -4,7 +4,7 @@ A record is what `looped.train.train` writes; a folder of them is a study.  `ite
 the one place record files are opened, and `runs_table` the one folder -> table reader (its
 policy is in its docstring): `read_records` (the study table, `COLUMNS`) and the fitter's
 `looped.fit.load_runs` (which casts and checks it) are views of it, and
-`looped.studies.study.Study` serves them.
+`looped.studies.sweep.study.Study` serves them.
 
 Every record names the data its run trained on: from schema 2 on, the trainer writes the field
 ``data`` (dataset directory name, corpus, corpus version and the dataset's digest, from its
@@ -37,6 +37,10 @@ COLUMNS = ["run_id", "study", "status", "budget", "r", "s", "injection", "bptt_k
            "lr_scale", "seed", "batch_tokens", "data_order", "dataset", "corpus_version"]
 
 RUN_COLUMNS = ("r", "n_once", "n_rec", "tokens", "loss")  # what the fitter needs of every run
+# The one type policy of a runs table (`cast`): counts are integers, everything measured is a float.
+INTEGER_COLUMNS = ("r", "bptt_k", "d_model", "seed", "steps", "batch_tokens")
+FLOAT_COLUMNS = ("budget", "s", "n", "n_once", "n_rec", "flops_per_token", "tokens", "loss",
+                 "wall_seconds", "tokens_per_s", "mfu", "lr_scale")
 
 SCHEMA = 2  # the record's layout; 2 added `data` (records of schema 1 name their data through their preset)
 DATA_KEYS = ("dataset", "corpus", "corpus_version", "digest")
@@ -183,6 +187,20 @@ def read_records(folder: str | Path) -> "pd.DataFrame":
     """The study table of a folder: `runs_table` in the columns `COLUMNS` (every status; an
     unreadable file is a row with status 'corrupt')."""
     return study_columns(runs_table(folder))
+
+
+def cast(table: "pd.DataFrame") -> "pd.DataFrame":
+    """A runs table with its numbers typed by the one policy: `FLOAT_COLUMNS` as floats and
+    `INTEGER_COLUMNS` as integers where every value is a whole number (a column with a gap or a
+    fraction stays float).  Text columns and columns it does not know are left as they are."""
+    import pandas as pd  # deferred on purpose: see the module docstring
+    table = table.copy()
+    for col in FLOAT_COLUMNS + INTEGER_COLUMNS:
+        if col in table.columns:
+            values = pd.to_numeric(table[col], errors="coerce").astype(float)
+            whole = col in INTEGER_COLUMNS and values.notna().all() and (values % 1 == 0).all()
+            table[col] = values.astype(int) if whole else values
+    return table
 
 
 def study_columns(table: "pd.DataFrame") -> "pd.DataFrame":

@@ -8,7 +8,8 @@ import pytest
 
 from looped.fit import FitResult
 from looped.law import Law
-from looped.studies import iso_flop, phi_fits
+from looped.studies.phi import estimates as phi_fits
+from looped.studies.sweep import iso_flop
 
 
 def _fit(phi, lo=None, hi=None, r2=0.99, theta=(), n_runs=40):

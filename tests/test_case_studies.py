@@ -1,9 +1,9 @@
-"""looped.studies.case_studies helpers that need no fit."""
+"""looped.studies.case_studies.protocol helpers that need no fit."""
 from __future__ import annotations
 
 import pandas as pd
 
-from looped.studies.case_studies import CaseStudy, runs_per_cell
+from looped.studies.case_studies.protocol import CaseStudy, runs_per_cell
 
 
 def _runs(cells):
@@ -27,7 +27,7 @@ def test_runs_per_cell_counts_each_fit_by_budget_and_r():
 
 def test_a_variant_without_r2_is_set_against_a_baseline_without_r2():
     """`study_r` restricts both tables to the same cells, so their bootstraps stay paired."""
-    from looped.studies.case_studies import case_study_runs
+    from looped.studies.case_studies.protocol import case_study_runs
     sized = dict(n_once=1e5, n_rec=1e5, tokens=1e7)
     main = _runs({(1e13, 1): 2, (1e13, 2): 2, (1e13, 4): 2, (1e13, 8): 2}).assign(**sized)
     study = _runs({(1e13, 2): 2, (1e13, 4): 2, (1e13, 8): 2}).assign(**sized)

@@ -4,7 +4,7 @@ import pandas as pd
 
 from looped.fit import fit, load_runs
 from looped.studies import corpora
-from looped.studies.robustness import count_embeddings
+from looped.studies.constancy.analysis import count_embeddings
 from looped.studies.simulate import law_records
 
 

@@ -181,7 +181,7 @@ def test_corpus_cli_without_sources_is_one_line(tmp_path):
 
 def test_no_run_of_the_v3_studies_repeats_data():
     """The committed manifest's training split outlasts the longest planned run of every prose3 study."""
-    from looped.studies.study import data_margin
+    from looped.studies.sweep.study import data_margin
     m = data_margin("prose3")
     assert m["studies"] == 9 and m["train_tokens"] >= 25_000_000 and m["margin"] > 1.5
 

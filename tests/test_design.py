@@ -1,4 +1,4 @@
-"""looped.studies.pilot and looped.studies.targets: the pilot checks (iso-FLOP optima, tokens per
+"""looped.studies.sweep.pilot and looped.studies.phi.targets: the pilot checks (iso-FLOP optima, tokens per
 parameter), the LR sweep, the seed spread and the scorecard, on synthetic records written where the
 sweep would write them."""
 from __future__ import annotations
@@ -9,10 +9,10 @@ import pytest
 
 from looped.io import atomic_write_json
 from looped.report import formatting, tables
-from looped.studies import cost, pilot, registry
-from looped.studies.iso_flop import main_design
-from looped.studies.study import Study
-from looped.studies.targets import leave_one_r_out, rerun_targets
+from looped.studies.phi.targets import leave_one_r_out, rerun_targets
+from looped.studies.sweep import cost, pilot, registry
+from looped.studies.sweep.iso_flop import main_design
+from looped.studies.sweep.study import Study
 
 
 def write(folder, run, loss, **extra):
@@ -137,7 +137,7 @@ def test_rerun_targets_report_hits_and_misses(tmp_path):
     """On runs that follow the law exactly every target is met; a failed run, a cell whose loss
     falls monotonically with width and noisy losses are each reported as misses."""
     from looped.fit import fit
-    from looped.studies import phi_fits
+    from looped.studies.phi import estimates as phi_fits
     runs = registry.load_study("cpu-main")
     for run in runs:
         write(tmp_path, run, _law_loss(run))

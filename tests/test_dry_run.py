@@ -13,7 +13,8 @@ import pytest
 from looped import accounting
 from looped.config import model_config
 from looped.data import dataset
-from looped.studies import dry_run, registry, sweep
+from looped.studies.sweep import dry_run, registry
+from looped.studies.sweep import runner as sweep
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,5 +1,5 @@
-"""The reader of another lab's looped runs (`looped.studies.external_runs`) and its analysis
-(`looped.studies.external`), on the committed tables under runs/external/qlabs-scaling-exponents/."""
+"""The reader of another lab's looped runs (`looped.studies.external.runs`) and its analysis
+(`looped.studies.external.analysis`), on the committed tables under runs/external/qlabs-scaling-exponents/."""
 from __future__ import annotations
 
 import json
@@ -13,8 +13,8 @@ import pytest
 
 from looped.cli import main as looped_main
 from looped.fit import FitError
-from looped.studies import external as X
-from looped.studies import external_runs as XR
+from looped.studies.external import analysis as X
+from looped.studies.external import runs as XR
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,8 @@ import pytest
 
 from looped import fit as F
 from looped import solver
-from looped.studies import iso_flop, paper
+from looped.studies import paper
+from looped.studies.sweep import iso_flop
 
 PAPER = Path(__file__).resolve().parents[1] / "runs" / "paper"
 

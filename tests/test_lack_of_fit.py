@@ -6,14 +6,13 @@ import warnings
 import numpy as np
 import pytest
 
-from looped.config import REPO
-from looped.fit import load_runs
 from looped.law import Law
 from looped.report import misfit
 from looped.solver import RunArrays, law_loss
-from looped.studies import lack_of_fit as L
-from looped.studies import robustness
-from looped.studies.replicates import REPLICATE_STUDIES, pure_error
+from looped.studies.constancy import analysis as robustness
+from looped.studies.constancy import misfit as L
+from looped.studies.sweep.replicates import pure_error, replicate_tables
+from looped.studies.sweep.study import Study
 
 QUICK = dict(restarts=8, multi_restarts=4)
 
@@ -21,10 +20,9 @@ QUICK = dict(restarts=8, multi_restarts=4)
 def _records():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        main = load_runs(REPO / "runs" / "cpu-main")
-        seeds = [load_runs(REPO / "runs" / n) for n in REPLICATE_STUDIES if (REPO / "runs" / n).is_dir()
-                 and any((REPO / "runs" / n).glob("*.json"))]
-        ctl = load_runs(REPO / "runs" / "cpu-controls")
+        main = Study("cpu-main").fit_table(main_design=False)
+        seeds = replicate_tables()
+        ctl = Study("cpu-controls").fit_table(main_design=False)
     return main, seeds, ctl
 
 
@@ -78,7 +76,7 @@ def test_the_committed_results_rerun_in_small(tmp_path):
 def test_a_free_level_for_the_looped_runs_is_recovered(lawful):
     """Records whose looped runs carry a known log-loss level (an injection's cost): fit_multi's
     free level finds it and phi comes back; the plain law, without the level, moves phi."""
-    from looped.studies.law_variants import fit_multi
+    from looped.studies.constancy.variants import fit_multi
     main = lawful[0]
     looped = (main["r"] > 1).to_numpy(float)
     shifted = main.assign(loss=main["loss"] * np.exp(0.02 * looped))

@@ -8,7 +8,8 @@ import pytest
 
 from looped import fit as F
 from looped import law
-from looped.studies import case_studies, paper
+from looped.studies import paper
+from looped.studies.case_studies import protocol as case_studies
 
 
 @pytest.fixture(scope="module")

@@ -177,3 +177,84 @@ def test_every_core_module_has_its_api_page():
     documented = set(re.findall(r"automodule:: (\S+)", page))
     core = {m for m in graph() if layer(m) == "core" and m not in ("looped", "looped.__main__") and not g_is_init(m)}
     assert sorted(core - documented) == []
+
+
+# looped/studies/ grouped by the question each chapter asks: each entry is a sub-package or one module,
+# and an entry imports only entries before it (the base first).  A new module joins a question here.
+QUESTIONS = ["sweep", "paper", "architecture", "bench", "simulate", "constancy", "case_studies", "external",
+             "phi", "shape", "corpora"]
+# the command each question's analysis answers to, and its results file (runs/analysis/NAME.json)
+COMMAND_OF = {"sweep": ("sweep", "runs"), "bench": ("bench",), "constancy": ("constancy", "misfit"),
+              "case_studies": ("case-studies",), "external": ("external",), "shape": ("shape",),
+              "corpora": ("corpora",)}
+
+
+def question(module: str) -> str | None:
+    """The question a studies module belongs to: its sub-package or its own name."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "studies" else None
+
+
+def question_violations(g: dict[str, set[str]], order=QUESTIONS) -> list[str]:
+    bad = []
+    for mod, deps in g.items():
+        q = question(mod)
+        if q is None:
+            continue
+        if q not in order:
+            bad.append(f"{mod}: belongs to no question (add it to QUESTIONS)")
+            continue
+        for dep in deps:
+            p = question(dep)
+            if p is not None and p != q and (p not in order or order.index(p) > order.index(q)):
+                bad.append(f"{mod} ({q}) imports {dep} ({p}), a later question")
+    return bad
+
+
+def test_studies_are_grouped_by_question():
+    """Every studies module sits in one question, and questions import only the ones before them."""
+    entries = {p.stem if p.suffix == ".py" else p.name for p in (PACKAGE / "studies").iterdir()
+               if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").exists()}
+    assert sorted(entries) == sorted(QUESTIONS)
+    assert question_violations(graph()) == []
+
+
+def test_question_packages_are_maps_not_code():
+    """A question's __init__ says what it answers (chapter, command, results) and imports nothing, so
+    importing one module of it never loads the rest."""
+    for q in QUESTIONS:
+        init = PACKAGE / "studies" / q / "__init__.py"
+        if init.exists():
+            tree = ast.parse(init.read_text())
+            assert ast.get_docstring(tree), q
+            assert len(tree.body) == 1, f"{q}/__init__.py holds code; keep it a docstring"
+
+
+def test_one_name_per_question():
+    """A command lives in its question's package, and what it writes is named after it; the map in
+    looped/studies/README.md lists every module."""
+    import re
+
+    from looped import cli
+    for q, commands in COMMAND_OF.items():
+        for command in commands:
+            module = cli.COMMANDS[command][0]
+            assert question(module) == q, (command, module)
+            source = (PACKAGE.parent / (module.replace(".", "/") + ".py")).read_text()
+            for results in re.findall(r'RESULTS = REPO / "runs" / "analysis" / "(\w+)\.json"', source):
+                assert results == command.replace("-", "_"), (command, results)
+    owned = {m for cmds in COMMAND_OF.values() for m in cmds}
+    assert sorted(set(cli.COMMANDS) - owned) == ["accounting", "data", "fit", "train"]   # the core's
+    readme = (PACKAGE / "studies" / "README.md").read_text()
+    for path in (PACKAGE / "studies").rglob("*.py"):
+        rel = path.relative_to(PACKAGE / "studies").as_posix()
+        assert path.name == "__init__.py" or f"`{rel}`" in readme, rel
+
+
+def test_the_question_check_catches_a_later_import():
+    g = {"looped.studies.sweep.study": {"looped.studies.phi.estimates"},
+         "looped.studies.phi.estimates": {"looped.studies.sweep.study"},
+         "looped.studies.stray": set()}
+    assert question_violations(g) == [
+        "looped.studies.sweep.study (sweep) imports looped.studies.phi.estimates (phi), a later question",
+        "looped.studies.stray: belongs to no question (add it to QUESTIONS)"]

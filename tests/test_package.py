@@ -34,7 +34,8 @@ PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 
 def test_the_grids_and_tables_the_code_reads_are_declared_package_data():
     """Every file looped.config.shipped is asked for in the package is in the wheel's package data."""
-    from looped.studies import paper, registry
+    from looped.studies import paper
+    from looped.studies.sweep import registry
     tool = PYPROJECT["tool"]["setuptools"]
     data = tool["package-data"]
     declared = set()

@@ -1,5 +1,5 @@
-"""Paired case-study estimators (looped.studies.paired) and `looped paired` (looped.studies.paired_study)
-on synthetic arms from a known law."""
+"""Paired case-study estimators (looped.studies.case_studies.paired) and `looped case-studies`
+(looped.studies.case_studies.analysis) on synthetic arms from a known law."""
 from __future__ import annotations
 
 import json
@@ -11,8 +11,8 @@ import pytest
 
 from looped.fit import FitError, fit
 from looped.law import Law
-from looped.studies import paired as pp
-from looped.studies import paired_study as ps
+from looped.studies.case_studies import analysis as ps
+from looped.studies.case_studies import paired as pp
 
 THETA = Law(7.2, 0.108, 335.0, 0.414, 1.71, 0.64)   # A, alpha, B, beta, E, phi: close to our CPU fit
 MAIN = {2.5e12: (2, 3, 4, 5), 5e12: (3, 4, 5, 6, 7), 1e13: (4, 5, 6, 7, 8), 2.5e13: (5, 6, 7, 8, 10)}
@@ -128,7 +128,7 @@ def test_simulation_and_cli_quick(tmp_path):
             rec = dict(row.to_dict(), status="ok", run_id=f"x{i}", injection="none" if row.r == 1 else "linear",
                        bptt_k=int(row.r) // (2 if folder == "cpu-truncated" else 1))
             (tmp_path / folder / f"x{i}.json").write_text(json.dumps(rec))
-    out = tmp_path / "paired.json"
+    out = tmp_path / "case_studies.json"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert ps.main(["--out", str(out), "--runs", str(tmp_path), "--quick", "--reps", "1"]) == 0
@@ -141,12 +141,12 @@ def test_simulation_and_cli_quick(tmp_path):
 
 
 def test_the_committed_results_rerun_in_small(tmp_path):
-    """CI's reduced rerun of `looped paired` on the committed runs: every point estimate within 0.01
+    """CI's reduced rerun of `looped case-studies` on the committed runs: every point estimate within 0.01
     of the committed full run's (its intervals come from far fewer resamples), and the chapters'
     reading of the committed file."""
-    from looped.report import case_study_page
+    from looped.report import case_studies
     committed = ps.read_results()
-    out = tmp_path / "paired.json"
+    out = tmp_path / "case_studies.json"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert ps.main(["--out", str(out), "--quick", "--reps", "1", "--same-runs-as", str(ps.RESULTS)]) == 0
@@ -156,7 +156,7 @@ def test_the_committed_results_rerun_in_small(tmp_path):
     for name, res in committed["studies"].items():
         mine = quick["studies"][name]["estimates"].set_index("estimator").estimate
         assert np.allclose(mine, res["estimates"].set_index("estimator").estimate, atol=0.01), name
-        assert len(case_study_page.paired_estimates(res)) == 3
+        assert len(case_studies.paired_estimates(res)) == 3
     models = quick["studies"]["hyper"]["models"].set_index("model").estimate
     assert np.allclose(models, committed["studies"]["hyper"]["models"].set_index("model").estimate, atol=0.01)
     check = committed["studies"]["truncated"]["token_check"]

@@ -1,5 +1,5 @@
 """The book's one pure error: replicate groups never pool a run with its other-token twin, and
-chapter 4 (robustness.json), chapters 5 and 6 (paired.json) and the records agree on it."""
+chapter 4 (constancy.json), chapters 5 and 6 (case_studies.json) and the records agree on it."""
 import json
 import warnings
 
@@ -7,17 +7,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from looped.config import REPO
-from looped.fit import load_runs
-from looped.studies import paired_study, robustness
-from looped.studies.replicates import REPLICATE_STUDIES, pure_error, replicate_sd
+from looped.studies.case_studies import analysis as paired_study
+from looped.studies.constancy import analysis as robustness
+from looped.studies.sweep.replicates import pure_error, replicate_sd, replicate_tables
+from looped.studies.sweep.study import Study
 
 
 def _records():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        main = load_runs(REPO / "runs" / "cpu-main")
-        seeds = [load_runs(REPO / "runs" / n) for n in REPLICATE_STUDIES if any((REPO / "runs" / n).glob("*.json"))]
+        main = Study("cpu-main").fit_table(main_design=False)
+        seeds = replicate_tables()
     return main, seeds
 
 
@@ -34,7 +34,7 @@ def test_a_run_and_its_other_token_twin_are_not_replicates():
 
 
 def test_the_book_reads_one_pure_error_everywhere():
-    """paired.json (chapters 5 and 6), robustness.json (chapter 4) and the records agree on the pure
+    """case_studies.json (chapters 5 and 6), constancy.json (chapter 4) and the records agree on the pure
     error, and the paired simulation drew its noise at it."""
     main, seeds = _records()
     now = pure_error(main, *seeds)
@@ -49,8 +49,8 @@ def test_the_case_study_guards_fail_on_perturbed_records():
     """Chapter 6's pair-noise guard, computed from the records, fails when the replicates agree far
     better than they do; chapter 5's guard on truncation's cost fails when the matched twins' cost
     grows with r."""
-    from looped.report import case_study_page as page
-    from looped.studies.paired import gain_trend, load_arms, pairs
+    from looped.report import case_studies as page
+    from looped.studies.case_studies.paired import gain_trend, load_arms, pairs
     main, seeds = _records()
     models = paired_study.read_results()["studies"]["hyper"]["models"]
     noise = np.sqrt(2) * pure_error(main, *seeds)["seed_sd"]
@@ -65,7 +65,7 @@ def test_the_case_study_guards_fail_on_perturbed_records():
     assert not page.noise_claims(models, np.sqrt(2) * tight)["the per-width model fits close to pair noise"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        arms = load_arms(REPO / "runs")
+        arms = load_arms()
     matched = arms["truncated_matched"]
     assert all(page.cost_trend_claims(gain_trend(pairs(arms["main"], matched))).values())
     grows = matched.assign(loss=matched["loss"] + 0.01 * np.log2(matched["r"]))
@@ -73,12 +73,12 @@ def test_the_case_study_guards_fail_on_perturbed_records():
 
 
 def test_the_paired_chapters_notice_records_the_analysis_has_not_seen():
-    """unused_runs counts the records of the study folders that the committed `looped paired` did
+    """unused_runs counts the records of the study folders that the committed `looped case-studies` did
     not use: 0 now, 1 once a sweep adds a run (the chapters' staleness guard fails)."""
-    from looped.studies.paired import load_arms, unused_runs
+    from looped.studies.case_studies.paired import load_arms, unused_runs
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        arms = load_arms(REPO / "runs")
+        arms = load_arms()
     assert unused_runs(arms, paired_study.RESULTS) == 0
     extra = arms["main"].iloc[[0]].assign(run_id="a-new-run")
     assert unused_runs(dict(arms, main=pd.concat([arms["main"], extra])), paired_study.RESULTS) == 1

@@ -1,5 +1,5 @@
 """The README's numbers come from the code: its GPU-cost table is recomputed from the studies'
-accounting (`looped.studies.study.Study.cost`) at the spec peaks and MFUs its header names."""
+accounting (`looped.studies.sweep.study.Study.cost`) at the spec peaks and MFUs its header names."""
 from __future__ import annotations
 
 import re
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from looped.memory import GPU_SPECS
-from looped.studies.study import Study
+from looped.studies.sweep.study import Study
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
 ROWS = re.findall(r"^\| `([\w-]+)` \| (\d+) \| ([\d.e]+) \| ([\d,]+) \| ([\d,]+) \| ([\d,]+) \|$", README, re.M)
@@ -42,7 +42,7 @@ def test_the_totals_in_the_text():
 
 def test_the_studies_table_counts_the_registered_runs():
     """Each CPU study's run count in the README's studies table is its grid's."""
-    from looped.studies.registry import load_study
+    from looped.studies.sweep.registry import load_study
     rows = {m[0]: m[1] for m in re.findall(r"^\| `([\w-]+)`[^|]* \| `prose` \| (.*) \|$", README, re.M)}
     n = {s: len(load_study(s)) for s in ("cpu-main", "cpu-truncated", "cpu-hyper", "cpu-controls", "cpu-matched",
                                          "cpu-replicates", "cpu-drift")}

@@ -1,6 +1,6 @@
 """The reference run (issue 51): a committed record a fresh clone can retrain and check.
 
-`make reference` (`python -m looped.studies.reference`) retrains runs/reference/'s run with the
+`make reference` (`python -m looped.studies.sweep.reference`) retrains runs/reference/'s run with the
 command its README gives and compares the loss with the committed one; the slow test does
 exactly that (about a minute on a quiet 2-core machine: `pytest -m slow tests/test_reference_run.py`)."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from looped.studies import reference
+from looped.studies.sweep import reference
 
 REPO = Path(__file__).resolve().parents[1]
 RECORD = json.loads((REPO / reference.RECORD).read_text())
@@ -29,7 +29,7 @@ def test_the_committed_record_is_the_command_it_names():
     assert reference.COMMAND in readme and "make reference" in readme
     assert f"{reference.TOLERANCE} nats" in readme and f"{RECORD['loss']:.6f}" in readme
     makefile = (REPO / "Makefile").read_text()
-    assert re.search(r"^reference: venv.*\n\t\$\(PY\) -m looped\.studies\.reference$", makefile, re.M)
+    assert re.search(r"^reference: venv.*\n\t\$\(PY\) -m looped\.studies\.sweep\.reference$", makefile, re.M)
 
 
 def test_the_comparison_says_how_close_a_rerun_came():

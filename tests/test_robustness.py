@@ -12,9 +12,9 @@ from looped.fit import FitError, fit
 from looped.io import json_ready
 from looped.law import Law
 from looped.solver import RunArrays, law_loss, objective
-from looped.studies import law_variants as M
-from looped.studies import phi_drift as D
-from looped.studies import robustness as R
+from looped.studies.constancy import analysis as R
+from looped.studies.constancy import drift as D
+from looped.studies.constancy import variants as M
 
 LAW = {"A": 8.0, "alpha": 0.15, "B": 300.0, "beta": 0.4, "E": 1.8, "phi": 0.5}
 BUDGETS = (2.5e12, 5e12, 1e13, 2.5e13)
@@ -241,7 +241,7 @@ def test_fit_multi_rejects_a_design_that_does_not_line_up(exact):
 
 
 def test_the_committed_results_rerun_in_small(tmp_path):
-    """CI's reduced rerun of `looped robustness`: the same refits, each point estimate of phi within
+    """CI's reduced rerun of `looped constancy`: the same refits, each point estimate of phi within
     0.01 of the committed full run's (the bootstrap intervals shrink with its fewer resamples)."""
     committed = R.read_results()
     out = tmp_path / "quick.json"
@@ -302,7 +302,7 @@ def test_trend_simulation_is_centred_on_zero_and_power_is_a_z_test(exact):
 def test_seed_and_order_attributes_a_shift_to_the_order():
     """Runs whose loss moves with the data order (permuted 0.015 lower) and not with the seed: the
     attribution puts the shift on the order at both seeds and finds no seed effect."""
-    from looped.studies.replicates import seed_and_order
+    from looped.studies.sweep.replicates import seed_and_order
     base = runs(noise=0.0).iloc[::10].head(8).reset_index(drop=True)
     rng = np.random.default_rng(7)
     arms = [base.assign(seed=seed, data_order=order,

@@ -1,4 +1,4 @@
-"""looped.studies.study.Study: a named study's grid, resolved preset and folder as one value; its
+"""looped.studies.sweep.study.Study: a named study's grid, resolved preset and folder as one value; its
 tables read the same records from any working directory."""
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 
 from looped.config import PRESETS, REPO
 from looped.fit import load_runs
-from looped.studies.iso_flop import main_design
-from looped.studies.registry import SweepError, load_study
-from looped.studies.study import Study
+from looped.studies.sweep.iso_flop import main_design
+from looped.studies.sweep.registry import SweepError, load_study
+from looped.studies.sweep.study import Study
 
 
 def test_a_named_study_carries_its_grid_preset_and_folder():
@@ -53,7 +53,7 @@ def test_every_table_of_a_folder_is_a_view_of_the_one_reader():
     each arm's folder through `Study.fit_table`."""
     from looped import records
     from looped.fit import validate_runs
-    from looped.studies.paired import load_arms
+    from looped.studies.case_studies.paired import load_arms
     s = Study("cpu-main")
     one = records.runs_table(s.folder)
     assert len(one) == len(list(s.folder.glob("*.json")))   # one row per record
@@ -70,7 +70,7 @@ def test_every_table_of_a_folder_is_a_view_of_the_one_reader():
 def test_gpu_costs_sum_each_studys_plan_and_size_its_longest_runs_shards():
     """The chapter's cost table of the GPU studies: hours at the assumed MFU as `Study.cost`
     totals them, days on one GPU and on a node, and 2 bytes on disk per token of the longest run."""
-    from looped.studies.study import gpu_costs
+    from looped.studies.sweep.study import gpu_costs
     table = gpu_costs(["gpu-main", "paper-main"], peak_flops=1e15, mfu=0.5).set_index("study")
     for name in ("gpu-main", "paper-main"):
         plan = Study(name).plan()
@@ -80,3 +80,30 @@ def test_gpu_costs_sum_each_studys_plan_and_size_its_longest_runs_shards():
         assert row.days_1gpu == pytest.approx(row.gpu_hours / 24)
         assert row.days_8gpu == pytest.approx(row.gpu_hours / 8 / 24)
         assert row.shards_GB == pytest.approx(2 * plan.tokens.max() / 1e9)
+
+
+def test_every_table_types_its_numbers_by_one_policy():
+    """`looped.records.cast` is the one type policy: the study table's finished runs, the fitter's
+    table and the main design give a column one dtype (counts integers, measurements floats)."""
+    from looped import records
+    s = Study("cpu-main")
+    tables = {"records(ok)": s.records(ok=True), "fit_table(all)": s.fit_table(main_design=False),
+              "fit_table": s.fit_table()}
+    for name, table in tables.items():
+        assert table["r"].dtype.kind == "i" and table["seed"].dtype.kind == "i", name
+        for col in ("loss", "budget", "s", "tokens"):
+            assert table[col].dtype.kind == "f", (name, col)
+    mixed = records.cast(pd.DataFrame({"r": ["2", 4.0], "d_model": [64, None], "steps": [10, 10.5],
+                                       "loss": ["3.5", "x"], "injection": ["linear", "none"]}))
+    assert mixed["r"].tolist() == [2, 4] and mixed["r"].dtype.kind == "i"
+    assert mixed["d_model"].dtype.kind == "f" and mixed["steps"].dtype.kind == "f"   # a gap, a fraction
+    assert mixed["loss"].iloc[0] == 3.5 and pd.isna(mixed["loss"].iloc[1])
+    assert mixed["injection"].tolist() == ["linear", "none"]   # text left as it is
+
+
+def test_an_analysis_names_the_columns_it_needs():
+    from looped.fit import FitError, validate_runs
+    runs = Study("cpu-main").fit_table()
+    assert len(validate_runs(runs, need=("budget", "s"))) == len(runs)
+    with pytest.raises(FitError, match="^runs: missing column.s. budget$"):
+        validate_runs(runs.drop(columns="budget"), need=("budget",))

@@ -1,4 +1,4 @@
-"""The sweep runner (looped.studies.sweep) on a tiny ad-hoc grid: every run once, skip/retry on rerun,
+"""The sweep runner (looped.studies.sweep.runner) on a tiny ad-hoc grid: every run once, skip/retry on rerun,
 failures recorded, shards, dry run, a SIGKILLed `looped sweep` restarted to the same records,
 the runs table/CSV and the CLI's failure paths."""
 from __future__ import annotations
@@ -21,7 +21,8 @@ from looped.config import model_config
 from looped.data import dataset
 from looped.io import atomic_write_json
 from looped.records import run_state
-from looped.studies import cost, registry, sweep
+from looped.studies.sweep import cost, registry
+from looped.studies.sweep import runner as sweep
 
 REPO = Path(__file__).resolve().parents[1]
 STUDY = "t"

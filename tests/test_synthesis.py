@@ -12,8 +12,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from looped.fit import FitResult  # noqa: E402
 from looped.law import Law  # noqa: E402
-from looped.report import case_study_page, synthesis  # noqa: E402
-from looped.studies import lack_of_fit, robustness  # noqa: E402
+from looped.report import case_studies, synthesis  # noqa: E402
+from looped.studies.constancy import analysis as robustness  # noqa: E402
+from looped.studies.constancy import misfit as lack_of_fit
 from looped.studies.paper import PAPER_PHI_CI  # noqa: E402
 
 
@@ -47,7 +48,7 @@ def phis():
 
 @pytest.fixture(scope="module")
 def dphis():
-    return synthesis.dphi_rows(_case(0.008, -0.11, 0.10), None, _paired(), case_study_page.paper_fits())
+    return synthesis.dphi_rows(_case(0.008, -0.11, 0.10), None, _paired(), case_studies.paper_fits())
 
 
 def test_every_phi_is_read_not_retyped(phis):
@@ -70,7 +71,7 @@ def test_one_fit_under_two_names_is_drawn_once_or_named(phis):
 
 
 def test_changes_of_phi_mark_the_verdicts_and_the_rejected_models(dphis):
-    paper = case_study_page.paper_fits()
+    paper = case_studies.paper_fits()
     trunc = dphis[dphis.group.str.startswith("truncated")]
     p = trunc[trunc.source == "paper"].phi.iloc[0]
     assert p == pytest.approx(paper.loc["truncated_bptt", "phi"] - paper.loc["baseline_four_lower_budgets", "phi"])

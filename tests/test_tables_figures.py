@@ -5,7 +5,7 @@ import math
 import pandas as pd
 
 from looped.config import R_VALUES
-from looped.report import case_study_page, figures, formatting, tables
+from looped.report import case_studies, figures, formatting, tables
 from looped.studies.paper import PAPER_BUDGETS
 
 
@@ -85,7 +85,7 @@ def _case_study(delta_boot, base_E=math.exp(-3), lo_phi=0.5):
     from looped.fit import FitResult
     from looped.law import Law
     from looped.solver import LO
-    from looped.studies.case_studies import CaseStudy
+    from looped.studies.case_studies.protocol import CaseStudy
     cells = pd.DataFrame({"budget": [1e11, 1e11, 3e11], "r": [1, 2, 2]})
 
     def fake(phi, E, boot_phi):
@@ -107,22 +107,22 @@ def _case_study(delta_boot, base_E=math.exp(-3), lo_phi=0.5):
 def test_case_study_texts_follow_the_numbers():
     cs = _case_study([-0.4, -0.2, -0.1, 0.3])                      # negative change, interval contains zero
     # one rule for both case studies: an interval that contains zero resolves nothing, whatever the sign
-    assert case_study_page.reproduced(cs, paper_delta=+0.19) == "unresolved (spans 0)"
-    assert case_study_page.reproduced(cs, paper_delta=-0.07) == "unresolved (spans 0)"
+    assert case_studies.reproduced(cs, paper_delta=+0.19) == "unresolved (spans 0)"
+    assert case_studies.reproduced(cs, paper_delta=-0.07) == "unresolved (spans 0)"
     unpaired = dataclasses.replace(cs, variant_runs=cs.variant_runs.head(2))   # the tables hold other cells
     assert unpaired.delta_phi_ci is None
-    assert case_study_page.reproduced(unpaired, paper_delta=-0.07) == "unresolved (unpaired)"
-    notes = " ".join(case_study_page.edge_notes(cs))
+    assert case_studies.reproduced(unpaired, paper_delta=-0.07) == "unresolved (unpaired)"
+    notes = " ".join(case_studies.edge_notes(cs))
     assert "E at the lower edge" in notes and "lower end of the variant fit's φ interval" in notes
-    assert case_study_page.reproduced(_case_study([-0.3, -0.2, -0.1, -0.05]), paper_delta=-0.07) == "yes"
+    assert case_studies.reproduced(_case_study([-0.3, -0.2, -0.1, -0.05]), paper_delta=-0.07) == "yes"
 
 
 def test_phi_profile_has_its_minimum_near_the_fitted_phi(tmp_path):
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from looped.studies import phi_fits
     from looped.studies.paper import PAPER_DIR, runs_from_minima
+    from looped.studies.phi import estimates as phi_fits
     minima = runs_from_minima(PAPER_DIR / "compute_optimal_minima.csv")
     prof = phi_fits.phi_profile(minima, phis=np.array([0.0, 0.45, 1.0]), restarts=20)
     assert list(prof.columns) == ["phi", "huber", "r2", "relative"]

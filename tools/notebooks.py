@@ -5,6 +5,8 @@
     python tools/notebooks.py 01_architecture # only these (names or paths)
     python tools/notebooks.py --check         # fail if an .ipynb's code or cell tags differ from its .md
     python tools/notebooks.py --sync 03_fit   # only the Markdown or tags changed: copy them, keep the outputs
+    python tools/notebooks.py --sync --renamed 03_fit   # code changed in names only (a module moved):
+                                              # copy it too, keep the outputs; nbval then checks them
 
 Chapters are converted with jupytext and executed in place with papermill (kernel python3,
 default parameters, cwd = book/, the same working directory that jupyter-book and nbval use).
@@ -47,15 +49,19 @@ def code_tags(nb) -> list[list[str]]:
     return [list(c.metadata.get("tags", [])) for c in nb.cells if c.cell_type == "code"]
 
 
-def sync(md: Path) -> Path:
+def sync(md: Path, renamed: bool = False) -> Path:
     """The .md's Markdown cells and tags, with the outputs of the executed .ipynb: for edits of the
-    prose or of a cell's visibility, which do not change what the code prints."""
+    prose or of a cell's visibility, which do not change what the code prints.  ``renamed``: the code
+    changed too, in names only (an import path, a renamed command), cell for cell; the outputs are
+    kept and nbval, which reruns the code against them, is what checks that claim."""
     import jupytext
     import nbformat
     ipynb = md.with_suffix(".ipynb")
     old = nbformat.read(ipynb, as_version=4)
     nb = jupytext.read(md)
-    if code_sources(nb) != code_sources(old):
+    if renamed and len(code_sources(nb)) != len(code_sources(old)):
+        raise SystemExit(f"{md.name}: cells were added or removed; run `make notebooks`")
+    if not renamed and code_sources(nb) != code_sources(old):
         raise SystemExit(f"{md.name}: its code changed; run `make notebooks` (--sync keeps outputs only)")
     executed = iter(c for c in old.cells if c.cell_type == "code")
     for cell in nb.cells:
@@ -153,6 +159,7 @@ def main(argv=None) -> int:
     ap.add_argument("names", nargs="*", help="chapters to rebuild (default: all in _toc.yml)")
     ap.add_argument("--check", action="store_true", help="only check that the .ipynb match the .md")
     ap.add_argument("--sync", action="store_true", help="copy Markdown and tags from the .md, keep outputs")
+    ap.add_argument("--renamed", action="store_true", help="with --sync: copy code changed in names only too")
     a = ap.parse_args(argv)
     mds = chapters()
     if a.names:
@@ -166,7 +173,7 @@ def main(argv=None) -> int:
         return check(mds)
     if a.sync:
         for md in mds:
-            sync(md)
+            sync(md, renamed=a.renamed)
         return 0
     for md in mds:
         build(md)

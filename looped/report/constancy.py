@@ -1,5 +1,5 @@
 """The chapter "Is φ a constant?": its tables and its figures, from the committed results of
-`looped robustness` (`looped.studies.robustness.read_results`).  The chapter writes its own words."""
+`looped constancy` (`looped.studies.constancy.analysis.read_results`).  The chapter writes its own words."""
 from __future__ import annotations
 
 import numpy as np

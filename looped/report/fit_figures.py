@@ -13,7 +13,7 @@ from ..accounting import n_effective
 from ..law import as_law, predict, residuals
 from ..solver import HI, LAW_PARAMS, LO
 from ..studies.paper import PAPER_PHI, PAPER_PHI_CI
-from ..studies.phi_fits import rmse_at_phi
+from ..studies.phi.estimates import rmse_at_phi
 from .formatting import power_of_ten
 from .palette import LEGEND_FONTSIZE, OURS_COLOR, PAPER_COLOR, SYMBOLS, budget_markers, plain_log_axis, r_color
 
@@ -104,7 +104,7 @@ def plot_bootstrap(ax, res, param: str = "phi", paper=None, label: str = "ours")
 
 
 def plot_phi_profile(ax, profiles: dict, marks: dict | None = None):
-    """Fit objective against a fixed phi (`looped.studies.phi_fits.phi_profile`), one curve per data set
+    """Fit objective against a fixed phi (`looped.studies.phi.estimates.phi_profile`), one curve per data set
     (``profiles``: label -> profile table), each relative to its own minimum; ``marks``: label ->
     (value, lo, hi) drawn as a vertical line with its interval as a band (e.g. the paper's estimate).
     Colours follow the palette: a profile whose label names the paper (the paper's data) and the
@@ -131,7 +131,7 @@ def plot_phi_forest(entries, ax=None, reference: float = PAPER_PHI, reference_ci
     and 1.
 
     ``entries``: a DataFrame or a list of (label, source, phi, lo, hi) rows, source 'paper' or
-    'ours' (`looped.studies.phi_fits.phi_estimates`); fits keep the order of their first row.  A NaN phi
+    'ours' (`looped.studies.phi.estimates.phi_estimates`); fits keep the order of their first row.  A NaN phi
     is written as "not fitted"; an interval reaching far past the estimates is cut at the frame,
     with its end written beside it.  Raises ValueError on an empty table, a missing column, an
     unknown source or an interval whose ends are the wrong way round."""
@@ -208,7 +208,7 @@ def plot_neff_collapse(runs, law, axes=None, phis=None):
     width, and at phi = 1 the looped models and the plain model of the same width sit at about
     the same N_eff, so the raw losses would line up near phi = 1 whatever phi the data hold.
     Less that term, the runs of every r and budget fall onto the one curve at the phi that
-    describes them, and each title gives their RMSE around it (`looped.studies.phi_fits.rmse_at_phi`).
+    describes them, and each title gives their RMSE around it (`looped.studies.phi.estimates.rmse_at_phi`).
     Only phi changes from panel to panel; the other parameters are the law's.
 
     ``runs``: columns r, n_once, n_rec, tokens, loss, budget; ``law``: a Law or FitResult with

@@ -1,5 +1,5 @@
 """Where the law misses our runs, what anchors phi, and which convention sets it beside the paper's:
-the tables and the claims of chapters 3 and 4 from `looped misfit` (`looped.studies.lack_of_fit`).
+the tables and the claims of chapters 3 and 4 from `looped misfit` (`looped.studies.constancy.misfit`).
 
 The claims are functions of the results, so a test can feed them results computed from perturbed
 records and see them fail.  The chapters write their own words around them.

@@ -29,7 +29,7 @@ from functools import lru_cache
 
 import pandas as pd
 
-from ..studies.registry import GRID_FILES
+from ..studies.sweep.registry import GRID_FILES
 from .formatting import eng
 
 # one colour per r (colour-blind safe, Okabe-Ito): the plain model mid grey, the looped models

@@ -2,8 +2,8 @@
 studies report, each with its 95% interval and the paper's value beside it, in one figure.
 
 Nothing is retyped: the rows come from the fits and committed results the chapters read
-(`looped.studies.phi_fits.our_phi_fits` and `phi_estimates`, `looped robustness`, `looped misfit`,
-`looped paired`, the case-study refits of `looped.studies.case_studies.case_study`), under the
+(`looped.studies.phi.estimates.our_phi_fits` and `phi_estimates`, `looped constancy`, `looped misfit`,
+`looped case-studies`, the case-study refits of `looped.studies.case_studies.protocol.case_study`), under the
 chapters' own names.  The conclusion writes its own words.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from ..studies.paper import PAPER_PHI, PAPER_PHI_CI
-from ..studies.phi_fits import phi_estimates
+from ..studies.phi.estimates import phi_estimates
 from .constancy import VARIANTS
 from .formatting import power_of_ten
 from .palette import LEGEND_FONTSIZE, OURS_COLOR, PAPER_COLOR
@@ -31,8 +31,8 @@ def phi_rows(fits: dict, robustness: dict, misfit: dict) -> pd.DataFrame:
     """Every estimate of φ in the book, one row per (estimate, source), in reading groups.
 
     ``fits``: `our_phi_fits` (joint fit, budget halves, case-study refits; the paper's
-    published values beside them via `phi_estimates`); ``robustness``: `looped.studies.robustness.read_results`
-    (chapter 4's refits and one φ per budget); ``misfit``: `looped.studies.lack_of_fit.read_results`
+    published values beside them via `phi_estimates`); ``robustness``: `looped.studies.constancy.analysis.read_results`
+    (chapter 4's refits and one φ per budget); ``misfit``: `looped.studies.constancy.misfit.read_results`
     (the counting conventions, with the paper's minima refitted, and the r = 1 anchors).
     Columns: group, label, source ('paper' or 'ours'), phi, lo, hi (NaN where no interval),
     verdict (the main fit)."""
@@ -111,8 +111,8 @@ def dphi_rows(truncated, hyper, paired: dict, paper: pd.DataFrame) -> pd.DataFra
     """Every change of φ the case studies report, one row per (estimator, source).
 
     ``truncated``, ``hyper``: the chapters' `CaseStudy` refits (the paper's protocol, with the
-    shared-resample interval); ``paired``: `looped.studies.paired_study.read_results` (twin
-    pairs, the law held at the main fit); ``paper``: the paper's fits (`case_study_page.paper_fits`),
+    shared-resample interval); ``paired``: `looped.studies.case_studies.analysis.read_results` (twin
+    pairs, the law held at the main fit); ``paper``: the paper's fits (`case_studies.paper_fits`),
     whose Δφ stands beside the protocol row.  ``verdict`` marks the estimate each chapter's rule
     reads: truncation at matched tokens, hyperconnections with an offset per width and the
     linear r = 1 anchor."""

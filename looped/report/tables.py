@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from ..solver import LAW_PARAMS
-from ..studies.study import Study
+from ..studies.sweep.study import Study
 from .checks import checked
 from .formatting import eng, number_text, power_of_ten, short_number, span
 

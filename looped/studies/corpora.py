@@ -20,8 +20,8 @@ import pandas as pd
 from ..fit import fit
 from ..io import atomic_write_bytes
 from ..solver import LAW_PARAMS
-from .robustness import count_embeddings
-from .study import Study
+from .constancy.analysis import count_embeddings
+from .sweep.study import Study
 
 CONVENTIONS = {"paper": False, "head counted": True}   # convention -> count the LM head in N_once
 

@@ -27,7 +27,7 @@ from scipy.optimize import brentq
 from .. import accounting as acc
 from ..config import shipped
 from ..law import Law, config_at_width, predict, synthetic_losses
-from .registry import GRID_FILES, load_study
+from .sweep.registry import GRID_FILES, load_study
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -60,7 +60,7 @@ def paper_fits() -> "pd.DataFrame":
 
 
 def paper_grid(study: str = "main", grids=None, batch_tokens: int = 262_144) -> "pd.DataFrame":
-    """The paper's run grid (``grids.csv``, via `looped.studies.registry.load_study`) with the
+    """The paper's run grid (``grids.csv``, via `looped.studies.sweep.registry.load_study`) with the
     accounting's n_once, n_rec and tokens."""
     runs = load_study(study, GRID_FILES["paper"] if grids is None else grids, preset="paper")
     return design_of(runs, batch_tokens).assign(study=study)

@@ -31,10 +31,10 @@ from ..io import atomic_write_json, json_ready
 from ..mapping import MAPPINGS, Mapping
 from ..resample import cell_resample, cells
 from ..solver import RunArrays, law_loss, solve_restarts
-from .case_studies import case_study_runs
-from .external_runs import BATCH_TOKENS, DATA, GRID_STEPS, grid_runs, ladder_runs
+from .case_studies.protocol import case_study_runs
+from .external.runs import BATCH_TOKENS, DATA, GRID_STEPS, grid_runs, ladder_runs
 from .paper import PAPER_DIR, PAPER_LAW, runs_from_minima
-from .study import Study
+from .sweep.study import Study
 
 RESULTS = REPO / "runs" / "analysis" / "shape.json"
 FULL = dict(restarts=500, bootstrap=200, boot_restarts=4, oracle_restarts=16)

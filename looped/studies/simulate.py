@@ -22,9 +22,9 @@ from ..config import ConfigError
 from ..io import atomic_write_json
 from ..law import as_law, synthetic_losses
 from ..memory import GPU_SPECS
-from .cost import DEFAULT_GPU, DEFAULT_GPU_MFU
 from .paper import PAPER_LAW
-from .registry import STUDIES, SweepError, load_study
+from .sweep.cost import DEFAULT_GPU, DEFAULT_GPU_MFU
+from .sweep.registry import STUDIES, SweepError, load_study
 
 
 def law_records(study: str, law=None, noise: float = 0.01, seed: int = 0, peak_flops: float | None = None,

@@ -1,7 +1,7 @@
 """A study as one value: `Study` holds a named study's grid, its resolved preset and its
 folder of run records, and gives the tables read from them.
 
-`Study("cpu-main")` (grid and preset from `looped.studies.registry`, records in runs/cpu-main);
+`Study("cpu-main")` (grid and preset from `looped.studies.sweep.registry`, records in runs/cpu-main);
 `Study("cpu-main", folder=...)` reads another folder; `Study.at(folder)` is the records of a
 folder named after it.  A relative folder is taken from the repository root once, here.  Every
 table of its records is a view of the one reader `looped.records.runs_table` (its policy: every
@@ -11,7 +11,7 @@ tokens and compute), `table()` (the plan joined with the records), `fit_table()`
 joint law is fitted to), `cost()` (training compute and accelerator-hours) and
 `learning_rates()`; beside them the bookkeeping of a run table (`status_counts`, `loss_pivot`,
 `run_costs`) and of several GPU studies side by side (`gpu_costs`).  What the finished runs
-show is in `looped.studies.iso_flop`.
+show is in `looped.studies.sweep.iso_flop`.
 """
 from __future__ import annotations
 
@@ -23,13 +23,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .. import accounting as acc
-from ..config import REPO, Preset, get_preset
-from ..data.dataset import dataset_name
-from ..data.packing import TOKEN_DTYPE
-from ..fit import REQUIRED, load_runs
-from ..memory import GPU_SPECS
-from ..records import COLUMNS, read_records
+from ... import accounting as acc
+from ...config import REPO, Preset, get_preset
+from ...data.dataset import dataset_name
+from ...data.packing import TOKEN_DTYPE
+from ...fit import REQUIRED, load_runs
+from ...memory import GPU_SPECS
+from ...records import COLUMNS, cast, read_records
 from . import iso_flop
 from .cost import DEFAULT_GPU_MFU, plan
 from .registry import STUDIES, Run, SweepError, load_study, study_folder
@@ -61,16 +61,10 @@ class Study:
 
     def records(self, ok: bool = False) -> pd.DataFrame:
         """Its run records (`looped.records.read_records`: `runs_table` in `COLUMNS`): every status,
-        or with `ok` only the finished runs, their numeric columns as numbers.  A folder that does
-        not exist yet (a sweep that has not started) has none."""
+        or with `ok` only the finished runs, typed by `looped.records.cast`.  A folder that does not
+        exist yet (a sweep that has not started) has none."""
         rec = read_records(self.folder) if self.folder.is_dir() else pd.DataFrame(columns=COLUMNS)
-        if not ok:
-            return rec
-        rec = rec[rec.status == "ok"].copy()
-        for col in ("loss", "budget", "s", "lr_scale", "d_model", "r"):
-            rec[col] = rec[col].astype(float)
-        rec["seed"] = rec["seed"].astype(int)
-        return rec
+        return cast(rec[rec.status == "ok"]) if ok else rec
 
     def fit_table(self, main_design: bool = True) -> pd.DataFrame:
         """The finished runs as the fitter reads them (`looped.fit.load_runs`: `runs_table` cast and
@@ -88,7 +82,7 @@ class Study:
     def plan(self, peak_flops: float = 1.0, mfu: float = 1.0) -> pd.DataFrame:
         """Every run of its grid with its size, tokens, steps and compute.
 
-        This is ``looped.studies.cost.plan`` (what ``looped sweep STUDY --dry-run`` prints) plus the
+        This is ``looped.studies.sweep.cost.plan`` (what ``looped sweep STUDY --dry-run`` prints) plus the
         columns ``run_flops`` (training FLOPs per token times tokens: the budget up to whole steps)
         and ``tokens_per_param`` (tokens per unique non-embedding parameter).  ``est_seconds`` is
         the run's wall time at ``mfu`` of ``peak_flops``.
@@ -148,7 +142,7 @@ class Study:
         """Peak learning rates (``looped.optim.learning_rates``, HyperP transfer) of every run of its
         grid: one row per run with the matrix (MuonH), embedding, head and norm rates."""
 
-        from ..optim import learning_rates  # deferred on purpose: it imports torch
+        from ...optim import learning_rates  # deferred on purpose: it imports torch
         rows = []
         for run in self.runs:
             cfg = run.model_config()
@@ -222,7 +216,7 @@ def data_margin(preset: str, manifest: Path | None = None) -> dict:
             "run_tokens": int(row.tokens), "margin": train / row.tokens, "studies": len(names)}
 
 
-if __name__ == "__main__":  # python -m looped.studies.study margin [PRESET]: printed by `make corpus`
+if __name__ == "__main__":  # python -m looped.studies.sweep.study margin [PRESET]: printed by `make corpus`
     import sys
     m = data_margin(sys.argv[2] if len(sys.argv) > 2 else "prose3")
     print(f"{m['dataset']}: {m['train_tokens'] / 1e6:.2f}M training tokens; the longest run of its "

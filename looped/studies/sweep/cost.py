@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from .. import accounting, memory
-from ..config import REPO, repo_relative
-from ..memory import gpu_spec
-from ..records import COLUMNS, read_records, run_state, runs_table, study_columns
+from ... import accounting, memory
+from ...config import REPO, repo_relative
+from ...memory import gpu_spec
+from ...records import COLUMNS, read_records, run_state, runs_table, study_columns
 from .registry import SweepError
 
 if TYPE_CHECKING:

@@ -2,7 +2,7 @@
 budgets, and a linear trend phi = phi0 + phi1 log10 C (ours and the paper's 24 minima), with the
 trend's null spread simulated and the power to see a given slope.  Runs at a further budget
 (`--drift`, the cpu-drift study) join these fits once they have a run at every r (`add_budgets`).
-Part of `looped robustness` (`looped.studies.robustness.run_all`).  Numbers only.
+Part of `looped constancy` (`looped.studies.constancy.analysis.run_all`).  Numbers only.
 """
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from ..fit import FitError, fit
-from ..law import Law, synthetic_losses
-from ..resample import cells
-from .law_variants import FIVE, NAN2, check_runs, fit_multi, fit_row, onehot
-from .paper import PAPER_DIR, PAPER_LAW, runs_from_minima
+from ...fit import FitError, fit, validate_runs
+from ...law import Law, synthetic_losses
+from ...resample import cells
+from ..paper import PAPER_DIR, PAPER_LAW, runs_from_minima
+from .variants import FIVE, NAN2, fit_multi, fit_row, onehot
 
 
 def add_budgets(df, extra) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -25,7 +25,7 @@ def add_budgets(df, extra) -> tuple[pd.DataFrame, pd.DataFrame]:
     repeats a budget of df (replicates belong in --seeds)."""
     if extra is None or not len(extra):
         return df, df.iloc[:0]
-    extra = check_runs(extra, need=("budget", "s"))
+    extra = validate_runs(extra, need=("budget", "s"))
     twice = sorted(set(extra["budget"]) & set(df["budget"]))
     if twice:
         raise FitError(f"drift runs repeat budget(s) {', '.join(f'{b:g}' for b in twice)} of the main runs")
@@ -38,7 +38,7 @@ def add_budgets(df, extra) -> tuple[pd.DataFrame, pd.DataFrame]:
 def per_budget_phi(df, restarts=200, bootstrap=200, seed=0, boot_restarts=8, fix=None) -> pd.DataFrame:
     """One phi per budget, the other five shared (one joint fit): budget, phi, phi_lo, phi_hi,
     r2, rmse, n_runs (all budgets), huber, n_boot_valid (resamples with a looped cell of it)."""
-    df = check_runs(df)
+    df = validate_runs(df, need=("budget",))
     X, budgets = onehot(df["budget"])
     labels = [f"phi_C{v:g}" for v in budgets]
     m = fit_multi(
@@ -51,7 +51,7 @@ def per_budget_phi(df, restarts=200, bootstrap=200, seed=0, boot_restarts=8, fix
 
 def window_phi(df, width=2, restarts=500, bootstrap=200, seed=0, boot_restarts=None) -> pd.DataFrame:
     """The law fitted to each `width` consecutive budgets: budget_lo, budget_hi, then fit_row's columns."""
-    df = check_runs(df)
+    df = validate_runs(df, need=("budget",))
     b = sorted(df["budget"].unique())
     subs = [df[df["budget"].isin(b[i:i + width])].reset_index(drop=True) for i in range(len(b) - width + 1)]
     return pd.DataFrame([dict(budget_lo=s["budget"].min(), budget_hi=s["budget"].max(), **fit_row(
@@ -64,7 +64,7 @@ def phi_trend(df, restarts=200, bootstrap=200, seed=0, boot_restarts=8, fix=None
     with few cells its ends move between reruns) and the delete-one jackknife over (budget, r)
     cells (SE, z = phi1 / SE).  A jackkknife over budgets would only measure how far four points
     scatter about a line, not the noise of each budget's phi."""
-    df = check_runs(df)
+    df = validate_runs(df, need=("budget",))
     lb = np.log10(sorted(df["budget"].unique()))
     centre = float(lb.mean())
 
@@ -87,7 +87,7 @@ def trend_simulation(df, law: dict, cell_sd: float, noise: float, n_draws=100, r
     """The trend's SE where there is no trend: losses from the constant-phi `law` on our design, plus
     one shift per (budget, r) cell of SD `cell_sd` nats (the law's misfit, as observed) and white
     noise of SD `noise` nats (seed noise), each draw's phi1 refitted.  Returns the null mean and SD of phi1."""
-    design = check_runs(df)
+    design = validate_runs(df, need=("budget",))
     truth, cell = Law.from_dict(law), cells(design)
     rng, centre = np.random.default_rng([seed, 3]), float(np.log10(sorted(design["budget"].unique())).mean())
     X = np.column_stack([np.ones(len(design)), np.log10(design["budget"].to_numpy(float)) - centre])
@@ -113,7 +113,7 @@ def phi_vs_compute(df, restarts=500, bootstrap=200, seed=0, boot_restarts=None, 
     other published parameters held: budget or budget_lo/budget_hi, phi, n_cells), trend
     (phi_trend, one row per data set: 'ours', 'paper_minima').  Ours include the `drift` budgets
     that have a run at every r (add_budgets)."""
-    df = add_budgets(check_runs(df), drift)[0]
+    df = add_budgets(validate_runs(df, need=("budget",)), drift)[0]
     kw = dict(restarts=multi_restarts, seed=seed, bootstrap=bootstrap, boot_restarts=multi_boot_restarts)
     five = {k: v for k, v in PAPER_LAW.to_dict().items() if k in FIVE}
     minima = runs_from_minima(PAPER_DIR / "compute_optimal_minima.csv")     # the 24 published minima as runs

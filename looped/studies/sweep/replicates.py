@@ -12,15 +12,23 @@ fit's design points, every replicate study).  Numbers only.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from .law_variants import check_runs
+from ...fit import validate_runs
+from .study import Study
 
 CONFIG = ("budget", "r", "s", "injection", "bptt_k", "tokens")   # a replicate group: same config, other seed
 REPLICATE_STUDIES = ("prose-seeds", "cpu-replicates", "cpu-order")   # the folders holding replicate runs
 
+
+
+def replicate_tables(root="runs", studies=REPLICATE_STUDIES) -> list[pd.DataFrame]:
+    """The replicate studies' finished runs under `root` (relative: to the repository root), each read
+    as the fitter reads it (`Study.fit_table`, every design); a study without records gives none."""
+    return [t for t in (Study.at(Path(root) / n).fit_table(main_design=False) for n in studies) if len(t)]
 
 def _config_key(runs) -> pd.Series:
     """One string per configuration (budget, r, s, injection, bptt_k), equal across tables (1 == 1.0)."""
@@ -54,7 +62,7 @@ def replicate_sd(*tables, design=None) -> dict:
     are its design points (the runs a law was fitted to)."""
     runs = _replicates(*tables)
     if design is not None:
-        runs = runs[runs["config"].isin(set(_config_key(check_runs(design, need=()))))]
+        runs = runs[runs["config"].isin(set(_config_key(validate_runs(design))))]
     groups = spread(runs, ["config", "protocol"])
     n, ss = groups["seeds"], float(groups["ss"].sum())
     dof = int((n[n > 1] - 1).sum())

@@ -7,12 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..fit import fit
-from ..law import as_law, residuals
-from .case_studies import case_study
-from .iso_flop import budget_halves, main_design
-from .paper import paper_fits
-from .study import Study
+from ...fit import fit
+from ...law import as_law, residuals
+from ..case_studies.protocol import case_study
+from ..paper import paper_fits
+from ..sweep.iso_flop import budget_halves, main_design
+from ..sweep.study import Study
 
 
 def phi_profile(runs, phis=None, restarts: int = 100, seed: int = 0):
@@ -70,10 +70,10 @@ def our_phi_fits(main_runs, truncated_runs=None, hyper=None, restarts: int = 500
     """Our fits behind every estimate of phi, under the labels of `PHI_FITS`.
 
     The joint fit and the budget halves (each with ``bootstrap`` block-bootstrap resamples) on
-    the main design of the records in the folder ``main_runs`` (`looped.studies.study.Study.records`);
+    the main design of the records in the folder ``main_runs`` (`looped.studies.sweep.study.Study.records`);
     the case-study baseline and the hyperconnection refit
-    from ``hyper`` (a `looped.studies.case_studies.CaseStudy` already fitted); the truncated-BPTT refit
-    on the records in ``truncated_runs`` beside the main study (`looped.studies.case_studies.case_study`,
+    from ``hyper`` (a `looped.studies.case_studies.protocol.CaseStudy` already fitted); the truncated-BPTT refit
+    on the records in ``truncated_runs`` beside the main study (`looped.studies.case_studies.protocol.case_study`,
     reusing the baseline of ``hyper`` when both studies cover the same budgets).  A fit that
     could not be done (too few runs, a study not given) is None.  Relative folders are taken
     from the repository root (by `Study`).

@@ -1,15 +1,15 @@
 """The scorecard of a finished study: what a faithful small-scale rerun should reach, beside
 what ours reached (`rerun_targets`), and the joint law refitted without each looped r in turn
-(`leave_one_r_out`).  The checks made before the study ran are in `looped.studies.pilot`.
+(`leave_one_r_out`).  The checks made before the study ran are in `looped.studies.sweep.pilot`.
 """
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from ..fit import fit
-from ..law import residuals
-from .iso_flop import iso_flop_cells, main_design
+from ...fit import fit
+from ...law import residuals
+from ..sweep.iso_flop import iso_flop_cells, main_design
 
 
 def rerun_targets(table: pd.DataFrame, joint, halves: dict | None = None, seed_std: float | None = None,

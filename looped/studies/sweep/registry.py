@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..accounting import steps_for_budget
-from ..config import DEFAULT_SEED, REPO, Preset, get_preset, model_config, run_name, shipped
-from ..options import TrainConfig
+from ...accounting import steps_for_budget
+from ...config import DEFAULT_SEED, REPO, Preset, get_preset, model_config, run_name, shipped
+from ...options import TrainConfig
 
 GRID_FILES = {"paper": shipped("runs/paper/grids.csv"), "cpu": shipped("runs/cpu_grids.csv"),
               "gpu": shipped("runs/gpu_grids.csv"), "prose": shipped("runs/prose_grids.csv"),
@@ -120,7 +120,7 @@ class Run:
 
 
 def study_folder(name: str) -> Path:
-    """The folder of a study's run records: runs/NAME in the repository (`looped.studies.study.Study.folder`'s
+    """The folder of a study's run records: runs/NAME in the repository (`looped.studies.sweep.study.Study.folder`'s
     default; the one place it is spelled)."""
     return REPO / "runs" / name
 

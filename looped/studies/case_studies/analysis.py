@@ -1,5 +1,5 @@
-"""`looped paired`: the paired estimators of `looped.studies.paired` on our case studies, checked by
-simulation on our design, written to runs/analysis/paired.json for chapters 5 and 6.
+"""`looped case-studies`: the paired estimators of `looped.studies.case_studies.paired` on our case studies, checked by
+simulation on our design, written to runs/analysis/case_studies.json for chapters 5 and 6.
 
 The simulation draws both arms from the main fit's law with a known dphi, adds the main fit's real
 log residuals at each (budget, r, s) (shared by a variant run and its baseline twin, as the law's
@@ -19,11 +19,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..config import REPO
-from ..fit import FitError, FitResult, validate_runs
-from ..io import atomic_write_json, json_ready
-from ..law import synthetic_losses
-from ..solver import HUBER_DELTA
+from ...config import REPO
+from ...fit import FitError, FitResult, validate_runs
+from ...io import atomic_write_json, json_ready
+from ...law import synthetic_losses
+from ...solver import HUBER_DELTA
+from ..sweep.replicates import pure_error, replicate_tables
 from .paired import (
     load_arms,
     main_law,
@@ -37,14 +38,12 @@ from .paired import (
     same_runs,
     token_term_check,
 )
-from .replicates import REPLICATE_STUDIES, pure_error
-from .study import Study
 
 STUDIES = ("truncated_matched", "truncated", "hyper")   # matched first: truncation's headline
 QUICK = dict(restarts=20, bootstrap=40, boot_restarts=2, n_reps=4, sim_bootstrap=30)
 FULL = dict(restarts=100, bootstrap=1000, boot_restarts=5, n_reps=100, sim_bootstrap=200)
 
-RESULTS = REPO / "runs" / "analysis" / "paired.json"   # what `looped paired` wrote, committed
+RESULTS = REPO / "runs" / "analysis" / "case_studies.json"   # what `looped case-studies` wrote, committed
 ESTIMATORS = ("paper", "paired", "paired_offset")
 # The hyperconnection models: (offset, r = 1 anchor).  The offset is what the variant changes at
 # every r alike; the r = 1 controls measure it, as one number or one per width, against the
@@ -59,7 +58,7 @@ HEADLINE = {"truncated": ("truncated_matched", "paired"), "hyper": ("hyper", "wi
 
 
 def read_results(path=RESULTS) -> dict:
-    """The committed results of `looped paired`, per case study: its estimates of dphi (one row
+    """The committed results of `looped case-studies`, per case study: its estimates of dphi (one row
     per estimator, and the offset), its paired gains by r (variant minus baseline log-loss), the
     simulation of the estimators at the headline dphi, the hyperconnection models (one row each:
     dphi, interval, residual SD, the r = 1 pairs' mean residual and z) and truncation's split
@@ -150,9 +149,9 @@ def simulate_estimators(main_df, variant_df, true_dphi, n_reps=None, seed=0, con
 
 
 def main(argv=None) -> int:
-    """`python -m looped.studies.paired_study --out runs/analysis/paired.json [--quick] [--runs runs]`."""
-    ap = argparse.ArgumentParser(prog="looped paired", description="Paired case-study estimators.")
-    ap.add_argument("--out", required=True, help="results file to write (JSON), e.g. runs/analysis/paired.json")
+    """`looped case-studies --out runs/analysis/case_studies.json [--quick] [--runs runs]`."""
+    ap = argparse.ArgumentParser(prog="looped case-studies", description="Paired case-study estimators.")
+    ap.add_argument("--out", required=True, help="results file to write (JSON), e.g. runs/analysis/case_studies.json")
     ap.add_argument("--runs", default="runs", help="folder holding the record folders of every arm (default: runs)")
     ap.add_argument("--quick", action="store_true", help="few restarts, resamples and simulation reps")
     ap.add_argument("--seed", type=int, default=0, help="seed of the fits, resamples and simulation (default 0)")
@@ -173,8 +172,7 @@ def main(argv=None) -> int:
         if a.same_runs_as:
             arms = same_runs(arms, a.same_runs_as)
         main_df, ctl = arms["main"], arms["control_linear"]
-        seeds = [t for t in (Study.at(Path(a.runs) / n).fit_table(main_design=False) for n in REPLICATE_STUDIES)
-                 if len(t)]   # read as load_arms reads the arms (a folder without records: none)
+        seeds = replicate_tables(a.runs)   # read as load_arms reads the arms
         pe = pure_error(main_df, *seeds)   # the book's one pure error: never a run and its other-token twin
         measured = pe["seed_sd"]
         noise = a.seed_sd if a.seed_sd is not None else (measured if np.isfinite(measured) else 0.011)
@@ -190,8 +188,8 @@ def main(argv=None) -> int:
             var = arms[name]
             if not len(var):
                 continue
-            print(f"looped paired: {name} ({len(var)} runs) after {time.perf_counter() - t0:.0f} s", file=sys.stderr,
-                  flush=True)
+            print(f"looped case-studies: {name} ({len(var)} runs) after {time.perf_counter() - t0:.0f} s",
+                  file=sys.stderr, flush=True)
             if name == "hyper" and len(arms["control_hyper"]):
                 var = pd.concat([var, arms["control_hyper"]], ignore_index=True)
             P = pairs(main_df, var, ctl)
@@ -220,7 +218,7 @@ def main(argv=None) -> int:
                                           width=name == "hyper")
                 out["simulation"][name] = {"true_dphi": true, "seconds": time.perf_counter() - t1, "summary": sim}
     except FitError as e:
-        print(f"looped paired: error: {e}", file=sys.stderr)
+        print(f"looped case-studies: error: {e}", file=sys.stderr)
         return 2
     out["seconds"] = time.perf_counter() - t0
     atomic_write_json(a.out, json_ready(out), allow_nan=False)

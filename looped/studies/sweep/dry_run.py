@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import accounting, memory
-from ..config import DataError, repo_relative
-from ..data.corpus import PRESET_VERSION
-from ..data.dataset import RECIPE, dataset_name, default_data_dir
-from ..data.packing import read_shard
-from ..memory import GPU_SPECS
-from ..records import run_state
+from ... import accounting, memory
+from ...config import DataError, repo_relative
+from ...data.corpus import PRESET_VERSION
+from ...data.dataset import RECIPE, dataset_name, default_data_dir
+from ...data.packing import read_shard
+from ...memory import GPU_SPECS
+from ...records import run_state
 from .cost import DEFAULT_GPU, DEFAULT_GPU_MFU, cpu_estimate, detect_gpu, gpu_plan
 from .registry import Run
 
@@ -43,7 +43,7 @@ def gpu_basis(a) -> tuple[str, float, float, str]:
         if peak != peak:  # unknown part: the trainer's denominator, a measured large GEMM
             import torch  # deferred on purpose: torch only where a model runs
 
-            from ..runtime import device_peak_flops
+            from ...runtime import device_peak_flops
             peak = device_peak_flops(torch.device("cuda"))
         return label, peak, a.device_memory or memory.device_free_bytes(), "the visible GPU"
     peak, memory_bytes = GPU_SPECS[DEFAULT_GPU]
@@ -241,7 +241,7 @@ def dry_run(a, runs: list[Run], out: Path, i: int, n: int, micro_batch: int | No
     else:
         import torch  # the CPU estimate measures this machine's matmul peak
 
-        from ..runtime import device_peak_flops  # deferred on purpose: it imports torch
+        from ...runtime import device_peak_flops  # deferred on purpose: it imports torch
         peak = device_peak_flops(torch.device("cpu"))   # the MFU denominator the trainer records
         mfu = a.mfu if a.mfu is not None else 0.3
         est = cpu_estimate(mine, out, peak, mfu, timing_from=a.timing_from, processes=a.processes if n == 1 else 1)

@@ -1,5 +1,5 @@
 """φ on another lab's looped runs (the qlabs-eng/scaling-exponents tables, read into our runs table
-by `looped.studies.external_runs`), analysed: `run_all`, `python -m looped.studies.external --out F`.
+by `looped.studies.external.runs`), analysed: `run_all`, `python -m looped.studies.external.analysis --out F`.
 
 What one ladder can identify (profiles), a matched-loss (ladder-equivalent) φ of the two-loop arm
 against each r = 1 reference ladder, and the data-constrained grid fitted with D fixed.  Every fit
@@ -20,12 +20,12 @@ from scipy import stats
 from scipy.interpolate import PchipInterpolator
 from scipy.optimize import brentq
 
-from ..config import REPO, repo_relative
-from ..fit import FitError, fit
-from ..io import atomic_write_json, json_ready
-from ..solver import RunArrays, law_loss
-from .external_runs import BATCH_TOKENS, DATA, GRID_STEPS, export, flops_check, grid_runs, ladder_runs
-from .paper import PAPER_LAW
+from ...config import REPO, repo_relative
+from ...fit import FitError, fit
+from ...io import atomic_write_json, json_ready
+from ...solver import RunArrays, law_loss
+from ..paper import PAPER_LAW
+from .runs import BATCH_TOKENS, DATA, GRID_STEPS, export, flops_check, grid_runs, ladder_runs
 
 RESULTS = REPO / "runs" / "analysis" / "external.json"
 REFERENCES = ("untied_2", "deep_vanilla", "vanilla")

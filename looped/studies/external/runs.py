@@ -7,7 +7,7 @@ tokens per step, sequence 2,048, GPT-2 vocabulary padded to 50,304.  N counts th
 ``compute_flops`` implies; norms are parameter-free); embedding and head are excluded, as in the
 paper.  Our FLOPs (`looped.accounting`, 4w MLP, 12 w T attention per layer, both directions of
 every pair counted) are checked against theirs (causal attention, 6 w T per layer).  The analyses
-on these tables are `looped.studies.external`.
+on these tables are `looped.studies.external.analysis`.
 """
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .. import accounting as acc
-from ..config import REPO, ModelConfig
-from ..fit import FitError, validate_runs
+from ... import accounting as acc
+from ...config import REPO, ModelConfig
+from ...fit import FitError, validate_runs
 
 DATA = REPO / "runs" / "external" / "qlabs-scaling-exponents"
 BATCH_TOKENS, SEQ_LEN, VOCAB, VOCAB_PAD, HEAD_DIM = 524_288, 2048, 50_257, 64, 128

@@ -1,6 +1,6 @@
-"""A sweep runner that survives being killed, and its SLURM script (the dry run: `looped.studies.dry_run`).
+"""A sweep runner that survives being killed, and its SLURM script (the dry run: `looped.studies.sweep.dry_run`).
 
-A sweep runs a named study (`looped.studies.registry`) and writes one JSON record per run into
+A sweep runs a named study (`looped.studies.sweep.registry`) and writes one JSON record per run into
 its folder.  Restarting skips finished records (ok or diverged), resumes an interrupted run from
 its checkpoint and retries failed ones; records and checkpoints are written atomically, so a kill
 at any moment costs at most one checkpoint interval of one run.  The training options it passes
@@ -25,13 +25,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import memory
-from ..config import REPO, ConfigError, DataError
-from ..data import dataset
-from ..io import atomic_write_json
-from ..memory import GPU_SPECS
-from ..options import TrainConfig, add_options, given_options, option_argv
-from ..records import RecordError, read_records, record_status
+from ... import memory
+from ...config import REPO, ConfigError, DataError
+from ...data import dataset
+from ...io import atomic_write_json
+from ...memory import GPU_SPECS
+from ...options import TrainConfig, add_options, given_options, option_argv
+from ...records import RecordError, read_records, record_status
 from .cost import DEFAULT_GPU_MFU
 from .dry_run import dry_run, slurm_lines
 from .registry import GRID_COLUMNS, STUDIES, Run, SweepError, load_study, study_folder
@@ -46,7 +46,7 @@ def sweep(study: str, out: str | Path, shard: tuple[int, int] = (0, 1), checkpoi
     without them `grid`/`preset` run an ad-hoc grid file instead of a named study (see
     load_study).  `budgets`/`sizes` restrict the study to those budgets and widths s (None: all);
     `checkpoint_every` and `train_kw` are TrainConfig options (None: the trainer's defaults)."""
-    from ..train import train  # torch only when training
+    from ...train import train  # torch only when training
     out = Path(out)
     runs = [run for run in (runs if runs is not None else load_study(study, grid, preset))
             if (budgets is None or any(abs(run.budget / b - 1) < 1e-6 for b in budgets))
@@ -88,7 +88,7 @@ def sweep(study: str, out: str | Path, shard: tuple[int, int] = (0, 1), checkpoi
             reason = str(e).splitlines()[0]
             raise SweepError(f"{run.run_id}: no dataset for preset {run.preset.name}: {reason}") from None
         except Exception as e:  # one broken run must not cost the sweep; say what broke
-            from ..dist import Dist  # torch only when a run has failed
+            from ...dist import Dist  # torch only when a run has failed
             if Dist().main:
                 atomic_write_json(path, {"schema": 1, "study": study, "run_id": run.run_id, "status": "failed",
                                          "error": f"{type(e).__name__}: {e}", "r": run.r, "s": run.s,

@@ -9,7 +9,7 @@ linear-injection looped runs), with one free level for the looped runs, and, at 
 the linear r = 1 controls, with those controls in place of the plain r = 1 runs.
 conventions: phi on the paper's 24 published minima and on our runs, the LM head uncounted and
 counted in N_once, each fitted the same way on both sides.
-`python -m looped.studies.lack_of_fit --out runs/analysis/lack_of_fit.json`.  Numbers only.
+`python -m looped.studies.constancy.misfit --out runs/analysis/misfit.json`.  Numbers only.
 """
 from __future__ import annotations
 
@@ -25,20 +25,20 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from ..config import REPO, model_config, repo_relative
-from ..fit import FitError, fit, load_runs
-from ..io import atomic_write_json, json_ready
-from ..solver import RunArrays, law_loss
-from .law_variants import NAN2, check_runs, fit_multi, fit_residuals, onehot
-from .paper import PAPER_DIR, runs_from_minima
-from .registry import study_folder
-from .replicates import REPLICATE_STUDIES, pure_error
-from .robustness import cell_position, count_embeddings
+from ...config import REPO, model_config, repo_relative
+from ...fit import FitError, fit, load_runs, validate_runs
+from ...io import atomic_write_json, json_ready
+from ...solver import RunArrays, law_loss
+from ..paper import PAPER_DIR, runs_from_minima
+from ..sweep.registry import study_folder
+from ..sweep.replicates import REPLICATE_STUDIES, pure_error
+from .analysis import cell_position, count_embeddings
+from .variants import NAN2, fit_multi, fit_residuals, onehot
 
-RESULTS = REPO / "runs" / "analysis" / "lack_of_fit.json"   # what `looped misfit` wrote, committed
+RESULTS = REPO / "runs" / "analysis" / "misfit.json"   # what `looped misfit` wrote, committed
 LADDER = ("law", "kappa_r_phi", "looped_level", "per_r_phi", "per_budget_phi", "per_r_level", "per_r_laws",
           "cell_levels")
-# boot_restarts None: `looped.fit`'s literal protocol, as `looped robustness` fits the same runs (the same intervals)
+# boot_restarts None: `looped.fit`'s literal protocol, as `looped constancy` fits the same runs (the same intervals)
 FULL = dict(restarts=500, multi_restarts=200, bootstrap=200, boot_restarts=None, multi_boot_restarts=8)
 QUICK = dict(restarts=40, multi_restarts=12, bootstrap=12, boot_restarts=2, multi_boot_restarts=2)
 MINIMA_BOOT_RESTARTS = 10   # the paper's minima resampled as chapter 3 fits them (warm starts), so it is that fit
@@ -69,7 +69,7 @@ def ladder(df, pe: dict, restarts=500, multi_restarts=200, seed=0) -> tuple[pd.D
     rmse, F = resid_sd^2 / pure error^2, df1, df2, p_value, excess_share (the share of the law's
     excess ss, ss - df1 pe^2, that the model removes), phi (NaN where several).  And the mean
     residual by role in its cell (narrowest, interior, widest) under the law and the cell levels."""
-    df = check_runs(df, need=("budget", "s"))
+    df = validate_runs(df, need=("budget", "s"))
     ones, kw = np.ones((len(df), 1)), dict(restarts=multi_restarts, seed=seed)
     r, looped = df["r"].to_numpy(float), df["r"].to_numpy(float) > 1
     e, phi, n_params = {}, {}, {}
@@ -127,10 +127,10 @@ def anchors(df, controls=None, restarts=500, multi_restarts=200, bootstrap=200, 
     paper's construction), 'looped_level' (one free log-loss level for the r > 1 runs) or 'linear'
     (the linear r = 1 controls in place of the plain r = 1 runs).  Columns: design, anchor, n_runs,
     phi, phi_lo, phi_hi (95% cell bootstrap), level, level_lo, level_hi (log-loss), rmse."""
-    df = check_runs(df, need=("budget", "s"))
+    df = validate_runs(df, need=("budget", "s"))
     designs = {"main": df}
     if controls is not None and len(controls):
-        ctl = check_runs(controls, need=("budget", "s"))
+        ctl = validate_runs(controls, need=("budget", "s"))
         ctl = ctl[(ctl["r"] == 1) & (ctl["injection"].astype(str) == "linear")]
         sub = df[df["budget"].isin(set(ctl["budget"]))].reset_index(drop=True)
         designs["controls"] = sub
@@ -158,7 +158,7 @@ def anchors(df, controls=None, restarts=500, multi_restarts=200, bootstrap=200, 
 def injection_cost(df, controls) -> pd.DataFrame:
     """What the linear injection costs at r = 1: each linear r = 1 control against the plain r = 1
     main run of its (budget, s).  Columns: budget, s, d_model, cost (nats, linear minus plain)."""
-    df, ctl = check_runs(df, need=("budget", "s")), check_runs(controls, need=("budget", "s"))
+    df, ctl = validate_runs(df, need=("budget", "s")), validate_runs(controls, need=("budget", "s"))
     ctl = ctl[(ctl["r"] == 1) & (ctl["injection"].astype(str) == "linear")]
     both = ctl.merge(df[df["r"] == 1], on=["budget", "s"], suffixes=("_lin", "_plain"))
     return pd.DataFrame({"budget": both["budget"], "s": both["s"], "d_model": both["d_model_lin"],
@@ -178,7 +178,7 @@ def paper_minima(head: bool = False) -> pd.DataFrame:
 def conventions(df, restarts=500, bootstrap=200, boot_restarts=None, seed=0) -> pd.DataFrame:
     """phi with the LM head uncounted and counted, on the paper's 24 minima and on our runs, each
     side fitted the same way (the minima's bootstrap resamples its 24 points, with warm starts as
-    chapter 3 does, at most MINIMA_BOOT_RESTARTS random ones; ours its cells, as `looped robustness`).
+    chapter 3 does, at most MINIMA_BOOT_RESTARTS random ones; ours its cells, as `looped constancy`).
     Columns: data ('paper_minima', 'ours'), head (bool), phi, phi_lo, phi_hi, n_runs."""
     rows = []
     for data, head in (("paper_minima", False), ("paper_minima", True), ("ours", False), ("ours", True)):
@@ -209,7 +209,7 @@ def main(argv=None) -> int:
             main = load_runs(a.runs)
             seeds = [load_runs(p) for p in a.seeds if Path(p).is_dir() and any(Path(p).rglob("*.json"))]
             ctl = load_runs(a.controls) if Path(a.controls).exists() else None
-        pe = pure_error(check_runs(main), *seeds)
+        pe = pure_error(validate_runs(main, need=("budget",)), *seeds)
         lad, roles = ladder(main, pe, s["restarts"], s["multi_restarts"], a.seed)
         print(f"looped misfit: ladder done ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
         anc = anchors(main, ctl, seed=a.seed, **s)

@@ -3,17 +3,18 @@
 Iso-FLOP minima per (budget, r) cell (the paper's parabola in log N) and how they move with the
 budget, loss gaps of looped models to the plain model at the same width and at the best width,
 the main-design split the joint law is fitted to (`main_design`), and residual summaries of a
-fit per r.  The run tables these read come from `looped.studies.study.Study`; the fits behind
-every estimate of phi are in `looped.studies.phi_fits`.
+fit per r.  The run tables these read come from `looped.studies.sweep.study.Study`; the fits behind
+every estimate of phi are in `looped.studies.phi.estimates`.
 """
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from ..config import R_VALUES
-from ..fit import FitError, validate_runs
-from ..law import parabola, residuals
+from ...config import R_VALUES
+from ...fit import FitError, validate_runs
+from ...law import parabola, residuals
+from ...records import cast
 
 
 def main_design(runs):
@@ -31,10 +32,7 @@ def main_design(runs):
     reason = np.where(~ok, "status " + runs["status"].astype(str), "not the main design")
     kept = runs[ok & design].reset_index(drop=True)
     dropped = runs[~(ok & design)].assign(reason=reason[~(ok & design).to_numpy()]).reset_index(drop=True)
-    for col in ("budget", "r", "s", "n_once", "n_rec", "tokens", "loss"):
-        kept[col] = kept[col].astype(float)
-    kept["r"] = kept["r"].astype(int)
-    return kept, dropped
+    return cast(kept), dropped
 
 
 def budget_halves(budgets):

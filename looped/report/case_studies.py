@@ -4,7 +4,7 @@ Both chapters follow the paper's Table 3 the same way: the variant's token gain 
 budget, the law refitted on the variant's runs beside a baseline refitted at the same budgets,
 the change in phi with its shared-resample bootstrap interval (both arms refitted on the same
 resampled cells), the runs read in twin pairs with the law
-held at the main fit (`looped.studies.paired_study`), and the best run of each (budget, r)
+held at the main fit (`looped.studies.case_studies.analysis`), and the best run of each (budget, r)
 cell.  The helpers below build those tables, figures and numbers once; each chapter keeps its
 own argument in Markdown and glues the numbers (`glue_all`).
 
@@ -18,10 +18,10 @@ import pandas as pd
 from .. import memory
 from ..fit import at_bounds
 from ..solver import HI, LAW_PARAMS, LO
-from ..studies import cost
-from ..studies.case_studies import CaseStudy, case_study_cells, case_study_runs, token_gain
+from ..studies.case_studies.protocol import CaseStudy, case_study_cells, case_study_runs, token_gain
 from ..studies.paper import paper_table
-from ..studies.study import Study
+from ..studies.sweep import cost
+from ..studies.sweep.study import Study
 from .checks import CASE_STUDY_CHANGE, CASE_STUDY_FIT, checked
 from .formatting import power_of_ten
 from .palette import LEGEND_FONTSIZE, OURS_COLOR, SYMBOLS, r_color
@@ -192,7 +192,7 @@ ESTIMATOR_LABELS = {"paper": "the paper's protocol (each arm refitted), replicat
 
 
 def paired_estimates(res: dict) -> pd.DataFrame:
-    """A case study's estimates of the change in phi (`looped.studies.paired_study.read_results`), one row
+    """A case study's estimates of the change in phi (`looped.studies.case_studies.analysis.read_results`), one row
     per estimator, beside how each did in the simulation at that change (bias, coverage)."""
     est = res["estimates"].set_index("estimator")
     sim = res["simulation"].set_index("estimator") if len(res["simulation"]) else pd.DataFrame()

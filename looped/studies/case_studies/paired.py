@@ -8,8 +8,8 @@ solver with the paper's objective (a dphi column and offset columns of `RunArray
 paired log-loss differences, so the law's misfit that both arms share at (budget, r, s) cancels.
 Intervals come from a bootstrap that refits the main law on block resamples of its (budget, r)
 cells and resamples the pairs.
-`paper_protocol` is the paper's estimator.  `looped.studies.paired_study` runs all three on our
-runs, checks them by simulation and writes the results (`looped paired`).
+`paper_protocol` is the paper's estimator.  `looped.studies.case_studies.analysis` runs all three on our
+runs, checks them by simulation and writes the results (`looped case-studies`).
 """
 from __future__ import annotations
 
@@ -21,12 +21,12 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from ..config import DEFAULT_SEED
-from ..fit import FitError, FitResult, at_bounds, fit, validate_runs
-from ..law import Law
-from ..resample import cell_resample, cells
-from ..solver import HI, LO, RunArrays, log_law, solve_restarts, to_theta
-from .study import Study
+from ...config import DEFAULT_SEED
+from ...fit import FitError, FitResult, at_bounds, fit, validate_runs
+from ...law import Law
+from ...resample import cell_resample, cells
+from ...solver import HI, LO, RunArrays, log_law, solve_restarts, to_theta
+from ..sweep.study import Study
 
 KEYS = ("budget", "r", "s", "seed", "data_order")
 FOLDERS = ("cpu-main", "cpu-truncated", "cpu-hyper", "cpu-controls", "cpu-matched", "cpu-replicates")
@@ -77,7 +77,7 @@ def load_arms(root="runs", folders=FOLDERS) -> dict:
 
 
 def same_runs(arms: dict, results) -> dict:
-    """The arms cut to the runs an earlier results file of `looped paired` used (its run_ids)."""
+    """The arms cut to the runs an earlier results file of `looped case-studies` used (its run_ids)."""
     used = json.loads(Path(results).read_text()).get("settings", {}).get("run_ids")
     if not used:
         raise FitError(f"{results}: no run_ids recorded, so its runs cannot be picked out again")
@@ -89,7 +89,7 @@ def same_runs(arms: dict, results) -> dict:
 
 
 def unused_runs(arms: dict, results) -> int:
-    """How many records of the arms an earlier results file of `looped paired` did not use (its
+    """How many records of the arms an earlier results file of `looped case-studies` did not use (its
     run_ids): 0 while the committed analysis is current, more once a sweep has added runs."""
     used = json.loads(Path(results).read_text()).get("settings", {}).get("run_ids") or {}
     return sum(int((~v["run_id"].astype(str).isin(used.get(k, []))).sum()) for k, v in arms.items() if len(v))

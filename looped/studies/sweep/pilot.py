@@ -9,7 +9,7 @@ are compared with the loss spread that seeds alone produce.  These functions rea
 LR-sweep and seed-noise studies (`looped sweep prose-pilot`, `prose-lr`, `prose-seeds`) and
 return one small table per question; the sweep chapter of the book shows them.  `grid_shape` and
 `study_cost` size a grid before it runs.  The scorecard of the finished study is in
-`looped.studies.targets`.
+`looped.studies.phi.targets`.
 """
 from __future__ import annotations
 

@@ -12,8 +12,8 @@ identical runs (inductor's CPU embedding gradient sums with atomic adds).  Anoth
 another summation order, so `TOLERANCE` is more than twice that spread; a change of seed moved the
 loss by 0.043 nats and learning rates scaled by 1.2 by 0.023.
 
-    python -m looped.studies.reference            # `make reference`: retrain it, compare the loss
-    python -m looped.studies.reference --write    # retrain it into runs/reference/ (the committed record)
+    python -m looped.studies.sweep.reference            # `make reference`: retrain it, compare the loss
+    python -m looped.studies.sweep.reference --write    # retrain it into runs/reference/ (the committed record)
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..config import REPO
+from ...config import REPO
 
 RECORD = "runs/reference/C3e10_r4_s2.json"
 ARGS = ["--preset", "cpu", "--r", "4", "--size", "2", "--budget", "3e10", "--no-compile", "--study", "reference"]
@@ -78,7 +78,7 @@ def committed() -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m looped.studies.reference",
+    ap = argparse.ArgumentParser(prog="python -m looped.studies.sweep.reference",
                                  description="Retrain the reference run and compare its loss with the committed one.")
     ap.add_argument("--write", action="store_true", help=f"retrain it into {RECORD} (replaces the committed record)")
     ap.add_argument("--data-dir", default=None, help="folder of prepared datasets (default: $LOOPED_DATA or data/)")

@@ -5,8 +5,8 @@ per budget, against the seed noise, and on synthetic data from a known law.
 
 robustness_table (variants), goodness_of_fit (seed SD, lack-of-fit F, residual patterns,
 leave-one-budget-out), synthetic_recovery (bias, SD, coverage of phi), and phi_vs_compute (per
-budget, windows, the paper's minima, trend: `looped.studies.phi_drift`); `run_all` runs them all,
-`python -m looped.studies.robustness --out F`.  Runs at a further budget (`--drift`, the cpu-drift
+budget, windows, the paper's minima, trend: `looped.studies.constancy.drift`); `run_all` runs them all,
+`python -m looped.studies.constancy.analysis --out F`.  Runs at a further budget (`--drift`, the cpu-drift
 study) are predicted by the main fit, refitted with the main runs, and join the phi-against-compute
 fits once they have a run at every r.
 Numbers only.  Forms `looped.fit` can express (transformed columns, subsets) are fitted by it;
@@ -26,24 +26,24 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from ..config import REPO, model_config, repo_relative
-from ..fit import FitError, fit, load_runs
-from ..io import atomic_write_json, json_ready
-from ..law import Law, synthetic_losses
-from ..resample import cells
-from ..solver import LAW_PARAMS
-from .law_variants import NAN2, check_runs, fit_multi, fit_residuals, fit_row, onehot, rmse
-from .paper import PAPER_LAW, design_of, paper_grid, paper_table
-from .phi_drift import add_budgets, phi_vs_compute, power, trend_simulation
-from .registry import STUDIES, load_study, study_folder
-from .replicates import REPLICATE_STUDIES, protocol_shift, pure_error, replicate_sd, seed_and_order  # noqa: F401
+from ...config import REPO, model_config, repo_relative
+from ...fit import FitError, fit, load_runs, validate_runs
+from ...io import atomic_write_json, json_ready
+from ...law import Law, synthetic_losses
+from ...resample import cells
+from ...solver import LAW_PARAMS
+from ..paper import PAPER_LAW, design_of, paper_grid, paper_table
+from ..sweep.registry import STUDIES, load_study, study_folder
+from ..sweep.replicates import REPLICATE_STUDIES, protocol_shift, pure_error, replicate_sd, seed_and_order  # noqa: F401
+from .drift import add_budgets, phi_vs_compute, power, trend_simulation
+from .variants import NAN2, fit_multi, fit_residuals, fit_row, onehot, rmse
 
-RESULTS = REPO / "runs" / "analysis" / "robustness.json"   # what `looped robustness` wrote, committed
+RESULTS = REPO / "runs" / "analysis" / "constancy.json"   # what `looped constancy` wrote, committed
 HOLDOUT_COLUMNS = ["budget", "n_runs", "mean_error", "rmse", "rmse_over_seed_sd"]
 
 
 def read_results(path=RESULTS) -> dict:
-    """The committed results of `looped robustness`: every table as a DataFrame (the synthetic
+    """The committed results of `looped constancy`: every table as a DataFrame (the synthetic
     recoveries as one table of their summaries), the summaries and settings as dicts."""
     raw = json.loads(Path(path).read_text())
     gof, pvc = raw["goodness_of_fit"], raw["phi_vs_compute"]
@@ -102,7 +102,7 @@ def robustness_table(df, restarts=500, bootstrap=200, seed=0, boot_restarts=None
     """One row per variant: variant, phi, phi_lo, phi_hi (95% cell-bootstrap percentiles), r2 (raw
     nats), rmse (loss-space residual RMSE, nats), n_runs, huber, kappa, kappa_lo, kappa_hi.  With
     `drift` runs, a last row 'with_drift_budgets': the law refitted with them added (add_budgets)."""
-    df = check_runs(df)
+    df = validate_runs(df, need=("budget",))
     joined, added = add_budgets(df, drift)
     b = sorted(df["budget"].unique())
     subsets = {"paper": df, "head_in_n_once": count_embeddings(df, preset=preset),
@@ -143,10 +143,10 @@ def goodness_of_fit(df, seed_df=None, restarts=500, seed=0, n_params=6, drift=No
     se, rmse of the residuals; lobo: fit without budget b, predict b (budget, n_runs, mean_error,
     rmse, phi); holdout: the fit predicting each budget of the `drift` runs it never saw (budget,
     n_runs, mean_error, rmse, rmse_over_seed_sd); residuals: one row per run."""
-    df = check_runs(df, need=("budget", "s"))
+    df = validate_runs(df, need=("budget", "s"))
     res = fit(df, restarts=restarts, seed=seed)
     e, n = fit_residuals(res, df), len(df)
-    seeds = None if seed_df is None else check_runs(seed_df, need=())
+    seeds = None if seed_df is None else validate_runs(seed_df)
     rep = pure_error(df, seeds)
     var = float(e @ e) / (n - n_params)
     F = var / rep["seed_sd"] ** 2 if rep["df_pe"] else math.nan
@@ -179,7 +179,7 @@ def goodness_of_fit(df, seed_df=None, restarts=500, seed=0, n_params=6, drift=No
         eb = fit_residuals(rb, test)
         lobo.append(dict(budget=b, n_runs=len(test), mean_error=float(eb.mean()), rmse=rmse(eb), phi=rb.phi))
     held = []   # the budgets this fit never saw
-    for b, g in ([] if drift is None or not len(drift) else check_runs(drift).groupby("budget")):
+    for b, g in ([] if drift is None or not len(drift) else validate_runs(drift, need=("budget",)).groupby("budget")):
         eh = fit_residuals(res, g)
         held.append(dict(budget=b, n_runs=len(g), mean_error=float(eh.mean()), rmse=rmse(eh),
                          rmse_over_seed_sd=rmse(eh) / rep["seed_sd"]))
@@ -207,7 +207,7 @@ def synthetic_recovery(design_df, law: dict, n_draws=50, noise=0.01, kind="white
         raise FitError(f"kind must be 'white' or 'cell', got {kind!r}")
     if n_draws < 1:
         raise FitError("n_draws must be at least 1")
-    design = check_runs(pd.DataFrame(design_df).assign(loss=1.0))
+    design = validate_runs(pd.DataFrame(design_df).assign(loss=1.0), need=("budget",))
     truth, cell = Law.from_dict(law), cells(design)
     rng, sd_cell = np.random.default_rng(seed), (noise if cell_noise is None else cell_noise) * (kind == "cell")
     rows = []
@@ -245,7 +245,7 @@ def run_all(df, seed_df, s: dict, seed=0, drift=None, planned=None) -> dict:
     def lap(name, value):   # one line on stderr per finished study: minutes of work are not silent
         nonlocal t
         out[name], sec[name], t = value, time.perf_counter() - t, time.perf_counter()
-        print(f"looped robustness: {name.replace('_', ' ')} done ({sec[name]:.0f} s)", file=sys.stderr, flush=True)
+        print(f"looped constancy: {name.replace('_', ' ')} done ({sec[name]:.0f} s)", file=sys.stderr, flush=True)
 
     lap("goodness_of_fit", goodness_of_fit(df, seed_df, restarts=s["restarts"], seed=seed, drift=drift))
     lap("robustness", robustness_table(df, drift=drift, **kw))
@@ -276,7 +276,7 @@ def run_all(df, seed_df, s: dict, seed=0, drift=None, planned=None) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="looped robustness", description="Robustness studies of phi.")
+    ap = argparse.ArgumentParser(prog="looped constancy", description="Robustness studies of phi.")
     ap.add_argument("--runs", default=str(study_folder("cpu-main")), help="runs of the main fit (folder or CSV)")
     ap.add_argument("--seeds", nargs="*", default=[str(study_folder(n)) for n in REPLICATE_STUDIES],
                     help="replicate runs (folders or CSVs; absent ones skipped)")
@@ -298,7 +298,7 @@ def main(argv=None) -> int:
     except FitError as e:
         print(f"robustness: error: {e}", file=sys.stderr)
         return 2
-    joined = add_budgets(check_runs(main), drift)[1]
+    joined = add_budgets(validate_runs(main, need=("budget",)), drift)[1]
     studies = [Path(p).name for p in a.drift if Path(p).name in STUDIES]    # how many runs each will have
     out["settings"] = dict(settings, quick=a.quick, seed=a.seed, runs=repo_relative(a.runs),
                            seeds=[repo_relative(p) for p in seeds], drift=[repo_relative(p) for p in drifts],

@@ -14,27 +14,15 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 
-from ..fit import FitError, fit, validate_runs
-from ..resample import cell_resample, cells
-from ..solver import HI, LO, LOG_SLOTS, RunArrays, law_loss, natural, random_starts, solve_restarts
+from ...fit import FitError, fit, validate_runs
+from ...resample import cell_resample, cells
+from ...solver import HI, LO, LOG_SLOTS, RunArrays, law_loss, natural, random_starts, solve_restarts
 
 FIVE = ("A", "alpha", "B", "beta", "E")
 LOG_KAPPA_BOX = (-5.0, 5.0)
 LEVEL_BOX = 1.0             # a free log-loss level lies in [-1, 1]
 NAN2 = (math.nan, math.nan)
-
-
-def check_runs(df, need=("budget",)) -> pd.DataFrame:
-    """validate_runs plus the columns these studies need; FitError (one line) otherwise."""
-    if df is None or len(df) == 0:
-        raise FitError("no runs: the table is empty")
-    df = validate_runs(df)
-    missing = [c for c in need if c not in df.columns]
-    if missing:
-        raise FitError(f"runs: missing column(s) {', '.join(missing)}")
-    return df
 
 
 def rmse(x) -> float:
@@ -82,7 +70,7 @@ def fit_multi(df, X, labels, kappa=False, restarts=64, seed=0, bootstrap=0, boot
     optimum and `boot_restarts` uniform starts.  fix: some of A, alpha, B, beta, E held.
     levels: {name: indicator column (n,)}, free log-loss levels (L times exp(level) on its runs,
     in LEVEL_BOX), e.g. one for the looped runs or one per cell; in `params` as fitted (log)."""
-    df, X = check_runs(df, need=()), np.asarray(X, float)
+    df, X = validate_runs(df), np.asarray(X, float)
     if len(X) != len(df):   # validate_runs dropped runs (status not ok): X no longer lines up
         raise FitError(f"X has {len(X)} rows for {len(df)} valid runs")
     X, levels = X.reshape(len(df), -1), dict(levels or {})

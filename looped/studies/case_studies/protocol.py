@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from .. import accounting as acc
-from ..config import model_config
-from ..fit import REQUIRED, FitError, FitResult, fit, is_chinchilla, validate_runs
-from .registry import load_study
-from .study import Study
+from ... import accounting as acc
+from ...config import model_config
+from ...fit import REQUIRED, FitError, FitResult, fit, is_chinchilla, validate_runs
+from ..sweep.registry import load_study
+from ..sweep.study import Study
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -224,7 +224,7 @@ def case_study_cells(baseline_runs, variant_runs):
 
 def token_gain(study: str = "paper-truncated"):
     """Tokens a case-study run gets at its budget, against the linear-injection, full-backprop run
-    of the same (budget, r, s): one row per run of the named study (`looped.studies.registry.STUDIES`).
+    of the same (budget, r, s): one row per run of the named study (`looped.studies.sweep.registry.STUDIES`).
 
     Columns budget, r, s, d_model, injection, bptt_k, flops_full, flops_variant (training FLOPs per
     token), tokens_full, tokens_variant (whole steps of the preset's batch, as the trainer runs
