@@ -35,3 +35,24 @@ def test_a_study_without_enough_runs_is_reported_not_fitted():
               for s in ("one", "two") for c in corpora.CONVENTIONS}
     out = corpora.corpus_fits(("one", "two"), bootstrap=0, restarts=8, tables=tables)
     assert [r["runs"] for r in out["fits"]] == [0, 0, 0, 0] and all(np.isnan(d["dphi"]) for d in out["difference"])
+
+
+def test_an_unfinished_study_is_compared_on_the_configurations_both_have():
+    law = fit(load_runs("runs/cpu-main"), restarts=64).law
+    full = _table(law, 3)
+    part = full.iloc[::2].reset_index(drop=True)   # a sweep half done
+    tables = {(s, c): t for s, t in (("full", full), ("half", part)) for c in corpora.CONVENTIONS}
+    out = corpora.corpus_fits(("full", "half"), bootstrap=0, restarts=16, tables=tables)
+    assert out["finished"] == {"full": len(full), "half": len(part)}
+    assert [r["runs"] for r in out["fits"]] == [len(part)] * 4   # both fitted on the same design
+    d = pd.DataFrame(out["difference"]).set_index("convention")
+    assert abs(d.loc["paper", "dphi"]) < 1e-9   # the same runs: the same phi
+
+
+def test_the_command_writes_what_read_results_reads(tmp_path):
+    out = tmp_path / "corpora.json"
+    assert corpora.main(["--out", str(out), "--quick"]) == 0
+    res = corpora.read_results(out)
+    assert set(res["fits"].study) == {"cpu-main", "cpu3-main"} and set(res["difference"].convention) == {
+        "paper", "head counted"}
+    assert res["fits"].runs.nunique() == 1 and res["finished"]["cpu-main"] == 76

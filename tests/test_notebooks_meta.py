@@ -50,8 +50,8 @@ def test_make_analysis_regenerates_every_chapter_that_reads_the_analyses():
     rule = re.search(r"^analysis:.*?\n((?:\t.*\n)+)", (ROOT / "Makefile").read_text(), re.M).group(1)
     listed = set(re.search(r"tools/notebooks.py (.*)", rule).group(1).split())
     # either form: `from looped.studies.constancy.analysis import read_results` or `constancy.read_results()`
-    analyses = r"(constancy\.analysis|constancy\.misfit|case_studies\.analysis|shape)"
-    aliases = r"(constancy|misfit_analysis|case_study_analysis|shape)"   # a chapter's name for such a module
+    analyses = r"(constancy\.analysis|constancy\.misfit|case_studies\.analysis|shape|corpora)"
+    aliases = r"(constancy|misfit_analysis|case_study_analysis|shape|corpora)"   # a chapter's name for such a module
     readers = {md.stem for md in CHAPTERS
                if re.search(rf"studies\.{analyses} import[^\n]*read_results|\b{aliases}\.read_results\(",
                             md.read_text())}

@@ -5,7 +5,9 @@ Each study is fitted on its own (a fit refuses a table that mixes datasets), und
 conventions (the paper's N without the LM head, and with it), with the same restarts, seed and
 number of cell resamples.  The studies' runs are independent, so the difference in phi has as its
 resampling distribution the differences of independent resamples: resample i of one study minus
-resample i of the other.  Numbers only; `looped corpora` writes them as JSON.
+resample i of the other.  While one study's sweep is unfinished, both are cut to the configurations
+(budget, r, width) that both have finished (`matched`), so the two fits always see one design.
+Numbers only; `looped corpora` writes them as JSON (`RESULTS`, read back by `read_results`).
 """
 from __future__ import annotations
 
@@ -13,10 +15,12 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from ..config import REPO
 from ..fit import fit
 from ..io import atomic_write_bytes
 from ..solver import LAW_PARAMS
@@ -24,6 +28,23 @@ from .constancy.analysis import count_embeddings
 from .sweep.study import Study
 
 CONVENTIONS = {"paper": False, "head counted": True}   # convention -> count the LM head in N_once
+CONFIG = ["budget", "r", "s"]   # one configuration of the design
+RESULTS = REPO / "runs" / "analysis" / "corpora.json"   # what `looped corpora` wrote, committed
+
+
+def read_results(path=RESULTS) -> dict:
+    """The committed results: the JSON, with ``fits`` and ``difference`` as tables."""
+    raw = json.loads(Path(path).read_text())
+    return {**raw, "fits": pd.DataFrame(raw["fits"]), "difference": pd.DataFrame(raw["difference"])}
+
+
+def matched(tables: dict) -> dict:
+    """{study: runs table} cut to the configurations every study has finished."""
+    config = [c for c in CONFIG if all(c in t.columns for t in tables.values())]
+    keys = [set(map(tuple, t[config].to_numpy().tolist())) for t in tables.values()]
+    common = set.intersection(*keys) if keys else set()
+    return {s: t[[tuple(k) in common for k in t[config].to_numpy().tolist()]].reset_index(drop=True)
+            for s, t in tables.items()}
 
 
 def convention_table(study: str, head: bool) -> pd.DataFrame:
@@ -36,12 +57,18 @@ def convention_table(study: str, head: bool) -> pd.DataFrame:
 def corpus_fits(studies=("cpu-main", "cpu3-main"), bootstrap: int = 200, restarts: int = 500, seed: int = 0,
                 boot_restarts: int | None = None, tables: dict | None = None) -> dict:
     """{"fits": one row per (study, convention): runs, dataset, every law parameter and its cell-
-    bootstrap interval; "difference": per convention, phi(second) - phi(first) with its interval}.
+    bootstrap interval; "difference": per convention, phi(second) - phi(first) with its interval;
+    "finished": each study's finished main-design runs before the cut to the `matched` design}.
     `tables` ({(study, convention): runs table}) replaces the records (tests, simulations)."""
     rows, boots = [], {}
+    if tables is None:
+        tables = {(s, c): convention_table(s, head) for s in studies for c, head in CONVENTIONS.items()}
+    finished = {s: len(tables[(s, "paper")]) for s in studies}
+    for conv in CONVENTIONS:
+        tables.update({(s, conv): t for s, t in matched({s: tables[(s, conv)] for s in studies}).items()})
     for study in studies:
         for conv, head in CONVENTIONS.items():
-            df = tables[(study, conv)] if tables is not None else convention_table(study, head)
+            df = tables[(study, conv)]
             if len(df) < 8:   # too few finished runs to fit six parameters: reported, not fitted
                 rows.append({"study": study, "convention": conv, "runs": len(df)})
                 continue
@@ -58,15 +85,15 @@ def corpus_fits(studies=("cpu-main", "cpu3-main"), bootstrap: int = 200, restart
     for conv in CONVENTIONS:
         a, b = (boots.get((s, conv)) for s in studies)
         fitted = {r["study"]: r for r in rows if r["convention"] == conv and "phi" in r}
-        if a is None or b is None or len(fitted) < 2:
-            diffs.append({"convention": conv, "dphi": np.nan, "lo": np.nan, "hi": np.nan})
-            continue
-        d = b - a   # independent studies: resample i of one against resample i of the other
-        lo, hi = np.percentile(d, [2.5, 97.5])
-        diffs.append({"convention": conv, "dphi": fitted[studies[1]]["phi"] - fitted[studies[0]]["phi"],
-                      "lo": float(lo), "hi": float(hi), "resamples": len(d)})
+        row = {"convention": conv, "dphi": np.nan, "lo": np.nan, "hi": np.nan, "resamples": 0}
+        if len(fitted) == 2:
+            row["dphi"] = fitted[studies[1]]["phi"] - fitted[studies[0]]["phi"]
+        if len(fitted) == 2 and a is not None and b is not None:
+            d = b - a   # independent studies: resample i of one against resample i of the other
+            row.update(lo=float(np.percentile(d, 2.5)), hi=float(np.percentile(d, 97.5)), resamples=len(d))
+        diffs.append(row)
     return {"studies": list(studies), "bootstrap": bootstrap, "restarts": restarts, "seed": seed,
-            "fits": rows, "difference": diffs}
+            "finished": finished, "fits": rows, "difference": diffs}
 
 
 def main(argv=None) -> int:
