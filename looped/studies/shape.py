@@ -34,14 +34,25 @@ from ..solver import RunArrays, law_loss, solve_restarts
 from .case_studies.protocol import case_study_runs
 from .external.runs import BATCH_TOKENS, DATA, GRID_STEPS, grid_runs, ladder_runs
 from .paper import PAPER_DIR, PAPER_LAW, runs_from_minima
+from .sweep.registry import CASE_STUDIES, FAMILIES
 from .sweep.study import Study
 
 RESULTS = REPO / "runs" / "analysis" / "shape.json"
 FULL = dict(restarts=500, bootstrap=200, boot_restarts=4, oracle_restarts=16)
 QUICK = dict(restarts=40, bootstrap=12, boot_restarts=2, oracle_restarts=4)
 PRICED = ("power", "linear", "bounded")        # the mappings that price an r they never saw
-ARMS = ("cpu-truncated", "cpu-hyper")           # the case studies (cpu-matched is a control, not an arm)
-SETS = ("cpu-main", *ARMS, "qlabs-grid", "qlabs-ladders", "paper-minima")
+EXTERNAL = ("qlabs-grid", "qlabs-ladders", "paper-minima")   # the run sets that are not ours
+
+
+def family_sets(family: str = "cpu") -> tuple:
+    """A CPU family's run sets: its main study, its two case studies (their matched-token control is
+    not an arm), and the sets that are not ours."""
+    main = FAMILIES[family]["main"]
+    return (main, *CASE_STUDIES[main], *EXTERNAL)
+
+
+SETS = family_sets("cpu")
+ARMS = {arm: main for main in (f["main"] for f in FAMILIES.values()) for arm in CASE_STUDIES[main]}   # arm -> main
 GRID_POOL_TOKENS = 100e6                       # the grid's token pool (their README)
 HELD_FIX = {"B": PAPER_LAW.B, "beta": PAPER_LAW.beta}    # one D for every grid run: the data term is a constant
 
@@ -65,12 +76,13 @@ def run_sets(names=SETS, external=DATA) -> dict:
     (`case_study_runs`); the ladders are the two-loop arm and its untied copies; the paper's minima are
     its 24 iso-FLOP minima as runs (`runs_from_minima`)."""
     out = {}
-    main = Study("cpu-main").fit_table() if any(n == "cpu-main" or n in ARMS for n in names) else None
+    mains = {ARMS.get(n, n) for n in names if n in ARMS or n in CASE_STUDIES}   # each arm needs its main study
+    main = {m: Study(m).fit_table() for m in mains}
     for name in names:
-        if name == "cpu-main":
-            df, fix, design = main, None, "iso-depth"
+        if name in main:
+            df, fix, design = main[name], None, "iso-depth"
         elif name in ARMS:
-            df, fix, design = case_study_runs(main, Study(name).folder)[1], None, "iso-depth"
+            df, fix, design = case_study_runs(main[ARMS[name]], Study(name).folder)[1], None, "iso-depth"
         elif name == "qlabs-grid":
             df, fix, design = grid_runs(external), HELD_FIX, "iso-parameter"
         elif name == "qlabs-ladders":
@@ -79,7 +91,8 @@ def run_sets(names=SETS, external=DATA) -> dict:
         elif name == "paper-minima":
             df, fix, design = runs_from_minima(PAPER_DIR / "compute_optimal_minima.csv"), None, "iso-depth"
         else:
-            raise FitError(f"unknown run set {name!r}: choose from {', '.join(SETS)}")
+            known = (*(f["main"] for f in FAMILIES.values()), *ARMS, *EXTERNAL)
+            raise FitError(f"unknown run set {name!r}: choose from {', '.join(known)}")
         if df is None or not len(df):
             continue
         df = df.sort_values(["budget", "r", "n_once", "n_rec"], kind="stable").reset_index(drop=True)
@@ -239,10 +252,13 @@ def main(argv=None) -> int:
                                  "of the power, linear, bounded and free mappings on every run set.")
     ap.add_argument("--out", required=True, help="JSON file to write")
     ap.add_argument("--quick", action="store_true", help="few restarts and resamples (CI)")
-    ap.add_argument("--sets", nargs="*", default=list(SETS), help=f"run sets (default: all of {', '.join(SETS)})")
+    ap.add_argument("--family", choices=FAMILIES, default="cpu",
+                    help="whose runs: the CPU studies on corpus v2 (cpu) or on corpus v3 (cpu3)")
+    ap.add_argument("--sets", nargs="*", help=f"run sets (default: the family's and the others: {', '.join(SETS)})")
     ap.add_argument("--external", default=str(DATA), help="folder of the qlabs tables")
     ap.add_argument("--seed", type=int, default=0, help="seed of the fits and resamples (default 0)")
     a = ap.parse_args(argv)
+    a.sets = list(family_sets(a.family)) if a.sets is None else a.sets
     t0 = time.perf_counter()
     try:
         out = run_all(QUICK if a.quick else FULL, a.sets, a.seed, a.external,
@@ -250,7 +266,7 @@ def main(argv=None) -> int:
     except FitError as e:
         print(f"looped shape: error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
-    out["settings"] = dict(out["settings"], quick=a.quick, seed=a.seed, sets=a.sets,
+    out["settings"] = dict(out["settings"], quick=a.quick, seed=a.seed, family=a.family, sets=a.sets,
                            total_seconds=time.perf_counter() - t0)
     atomic_write_json(a.out, json_ready(out), allow_nan=False)
     return 0

@@ -24,6 +24,7 @@ from ...fit import FitError, FitResult, validate_runs
 from ...io import atomic_write_json, json_ready
 from ...law import synthetic_losses
 from ...solver import HUBER_DELTA
+from ..sweep.registry import FAMILIES
 from ..sweep.replicates import pure_error, replicate_tables
 from .paired import (
     load_arms,
@@ -153,6 +154,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="looped case-studies", description="Paired case-study estimators.")
     ap.add_argument("--out", required=True, help="results file to write (JSON), e.g. runs/analysis/case_studies.json")
     ap.add_argument("--runs", default="runs", help="folder holding the record folders of every arm (default: runs)")
+    ap.add_argument("--family", choices=FAMILIES, default="cpu",
+                    help="whose arms: the CPU studies on corpus v2 (cpu) or on corpus v3 (cpu3)")
     ap.add_argument("--quick", action="store_true", help="few restarts, resamples and simulation reps")
     ap.add_argument("--seed", type=int, default=0, help="seed of the fits, resamples and simulation (default 0)")
     ap.add_argument(
@@ -168,16 +171,17 @@ def main(argv=None) -> int:
         cfg["n_reps"] = a.reps
     kw = dict(restarts=cfg["restarts"], bootstrap=cfg["bootstrap"], boot_restarts=cfg["boot_restarts"], seed=a.seed)
     try:
-        arms = load_arms(a.runs)
+        arms = load_arms(a.runs, FAMILIES[a.family]["arms"])
         if a.same_runs_as:
             arms = same_runs(arms, a.same_runs_as)
         main_df, ctl = arms["main"], arms["control_linear"]
-        seeds = replicate_tables(a.runs)   # read as load_arms reads the arms
+        seeds = replicate_tables(a.runs, FAMILIES[a.family]["replicates"])   # read as load_arms reads the arms
         pe = pure_error(main_df, *seeds)   # the book's one pure error: never a run and its other-token twin
         measured = pe["seed_sd"]
         noise = a.seed_sd if a.seed_sd is not None else (measured if np.isfinite(measured) else 0.011)
         law = main_law(main_df, **kw)
-        out = {"settings": dict(cfg, seed=a.seed, seed_sd=noise, seed_sd_measured=measured, df_pe=pe["df_pe"],
+        out = {"settings": dict(cfg, seed=a.seed, family=a.family, seed_sd=noise, seed_sd_measured=measured,
+                                df_pe=pe["df_pe"],
                                 quick=a.quick, huber_delta=HUBER_DELTA, runs={k: len(v) for k, v in arms.items()},
                                 run_ids={k: sorted(map(str, v["run_id"])) for k, v in arms.items()}),
                "main_fit": {k: getattr(law, k) for k in ("A", "alpha", "B", "beta", "E", "phi", "r2", "n_runs")},

@@ -26,10 +26,11 @@ from ...fit import FitError, FitResult, at_bounds, fit, validate_runs
 from ...law import Law
 from ...resample import cell_resample, cells
 from ...solver import HI, LO, RunArrays, log_law, solve_restarts, to_theta
+from ..sweep.registry import FAMILIES
 from ..sweep.study import Study
 
 KEYS = ("budget", "r", "s", "seed", "data_order")
-FOLDERS = ("cpu-main", "cpu-truncated", "cpu-hyper", "cpu-controls", "cpu-matched", "cpu-replicates")
+FOLDERS = FAMILIES["cpu"]["arms"]
 DPHI_BOX, OFFSET_BOX = 3.0, 1.0              # the box of dphi and of each log-loss offset
 DPHI_STARTS = np.linspace(-DPHI_BOX, DPHI_BOX, 25)   # starts of each solve: dphi may have several minima
 

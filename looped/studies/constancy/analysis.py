@@ -33,7 +33,7 @@ from ...law import Law, synthetic_losses
 from ...resample import cells
 from ...solver import LAW_PARAMS
 from ..paper import PAPER_LAW, design_of, paper_grid, paper_table
-from ..sweep.registry import STUDIES, load_study, study_folder
+from ..sweep.registry import FAMILIES, STUDIES, load_study, study_folder
 from ..sweep.replicates import REPLICATE_STUDIES, protocol_shift, pure_error, replicate_sd, seed_and_order  # noqa: F401
 from .drift import add_budgets, phi_vs_compute, power, trend_simulation
 from .variants import NAN2, fit_multi, fit_residuals, fit_row, onehot, rmse
@@ -276,16 +276,23 @@ def run_all(df, seed_df, s: dict, seed=0, drift=None, planned=None) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="looped constancy", description="Robustness studies of phi.")
-    ap.add_argument("--runs", default=str(study_folder("cpu-main")), help="runs of the main fit (folder or CSV)")
-    ap.add_argument("--seeds", nargs="*", default=[str(study_folder(n)) for n in REPLICATE_STUDIES],
-                    help="replicate runs (folders or CSVs; absent ones skipped)")
-    ap.add_argument("--drift", nargs="*", default=[str(study_folder("cpu-drift"))],
-                    help="runs at further budgets (folders or CSVs; absent or empty ones skipped)")
+    ap = argparse.ArgumentParser(prog="looped constancy", description="Is phi a constant? Other forms, lack of "
+                                 "fit, drift with compute.")
+    ap.add_argument("--family", choices=FAMILIES, default="cpu",
+                    help="the CPU studies whose runs are the defaults below: cpu (corpus v2) or cpu3 (corpus v3)")
+    ap.add_argument("--runs", help="runs of the main fit (folder or CSV; default: the family's main study)")
+    ap.add_argument("--seeds", nargs="*", help="replicate runs (folders or CSVs; absent ones skipped; "
+                    "default: the family's replicate studies)")
+    ap.add_argument("--drift", nargs="*", help="runs at further budgets (folders or CSVs; absent or empty ones "
+                    "skipped; default: the family's drift study)")
     ap.add_argument("--out", required=True, help="JSON file to write")
     ap.add_argument("--quick", action="store_true", help="small restarts, bootstrap and draws (CI)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the fits, resamples and simulations (default 0)")
     a = ap.parse_args(argv)
+    family = FAMILIES[a.family]
+    a.runs = a.runs or str(study_folder(family["main"]))
+    a.seeds = [str(study_folder(n)) for n in family["replicates"]] if a.seeds is None else a.seeds
+    a.drift = [str(study_folder(family["drift"]))] if a.drift is None else a.drift
     settings, t0 = dict(QUICK if a.quick else FULL), time.perf_counter()
     seeds = [p for p in a.seeds if Path(p).exists()]
     drifts = [p for p in a.drift if Path(p).is_file() or any(Path(p).glob("*.json"))]
@@ -296,11 +303,11 @@ def main(argv=None) -> int:
         out = run_all(main, pd.concat(tables, ignore_index=True) if tables else None, settings, seed=a.seed,
                       drift=drift, planned=pd.concat(planned, ignore_index=True) if planned else None)
     except FitError as e:
-        print(f"robustness: error: {e}", file=sys.stderr)
+        print(f"looped constancy: error: {e}", file=sys.stderr)
         return 2
     joined = add_budgets(validate_runs(main, need=("budget",)), drift)[1]
     studies = [Path(p).name for p in a.drift if Path(p).name in STUDIES]    # how many runs each will have
-    out["settings"] = dict(settings, quick=a.quick, seed=a.seed, runs=repo_relative(a.runs),
+    out["settings"] = dict(settings, quick=a.quick, seed=a.seed, family=a.family, runs=repo_relative(a.runs),
                            seeds=[repo_relative(p) for p in seeds], drift=[repo_relative(p) for p in drifts],
                            n_drift_runs=0 if drift is None else len(drift), n_drift_joined=len(joined),
                            n_drift_planned=sum(len(load_study(n)) for n in studies) if studies else None,

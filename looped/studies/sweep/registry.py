@@ -70,6 +70,18 @@ CASE_STUDIES = {  # a main study -> its truncated-BPTT and hyperconnection case 
     "paper-main": ("paper-truncated", "paper-hyper"),
 }
 
+# Our CPU studies come in families, one per corpus (cpu: corpus v2, cpu3: corpus v3); the part each
+# study plays in the analyses, which take a family with `--family`.
+FAMILIES = {
+    "cpu": dict(main="cpu-main", drift="cpu-drift", controls="cpu-controls", additive="cpu-additive",
+                replicates=("prose-seeds", "cpu-replicates", "cpu-order"),   # every replicate run
+                arms=("cpu-main", "cpu-truncated", "cpu-hyper", "cpu-controls", "cpu-matched", "cpu-replicates")),
+    "cpu3": dict(main="cpu3-main", drift="cpu3-drift", controls="cpu3-controls", additive="cpu3-additive",
+                 replicates=("cpu3-replicates",),
+                 arms=("cpu3-main", "cpu3-truncated", "cpu3-hyper", "cpu3-controls", "cpu3-matched",
+                       "cpu3-replicates")),
+}   # arms: the folders the case studies' paired estimators read
+
 class SweepError(RuntimeError):
     pass
 

@@ -18,10 +18,11 @@ import numpy as np
 import pandas as pd
 
 from ...fit import validate_runs
+from .registry import FAMILIES
 from .study import Study
 
 CONFIG = ("budget", "r", "s", "injection", "bptt_k", "tokens")   # a replicate group: same config, other seed
-REPLICATE_STUDIES = ("prose-seeds", "cpu-replicates", "cpu-order")   # the folders holding replicate runs
+REPLICATE_STUDIES = FAMILIES["cpu"]["replicates"]   # the folders holding replicate runs
 
 
 

@@ -1,0 +1,48 @@
+"""`--family`: the analyses read either CPU study, the first (cpu, corpus v2) or the second (cpu3,
+corpus v3), by the part each of its studies plays (looped.studies.sweep.registry.FAMILIES)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from looped import cli
+from looped.studies import shape
+from looped.studies.case_studies.paired import FOLDERS, load_arms
+from looped.studies.sweep.registry import CASE_STUDIES, FAMILIES, STUDIES
+from looped.studies.sweep.replicates import REPLICATE_STUDIES
+from looped.studies.sweep.study import Study
+
+
+def test_every_family_names_studies_that_exist_in_every_part():
+    parts = set(FAMILIES["cpu"])
+    for name, family in FAMILIES.items():
+        assert set(family) == parts, name
+        named = [family[p] for p in ("main", "drift", "controls", "additive")] + [*family["replicates"],
+                                                                                    *family["arms"]]
+        assert all(n in STUDIES for n in named), name
+        assert set(CASE_STUDIES[family["main"]]) <= set(family["arms"])   # its case studies are arms
+    assert FOLDERS == FAMILIES["cpu"]["arms"] and REPLICATE_STUDIES == FAMILIES["cpu"]["replicates"]
+
+
+def test_shape_takes_a_familys_run_sets():
+    assert shape.family_sets("cpu") == shape.SETS
+    assert shape.family_sets("cpu3")[:3] == ("cpu3-main", "cpu3-truncated", "cpu3-hyper")
+    assert shape.ARMS["cpu3-hyper"] == "cpu3-main" and shape.ARMS["cpu-truncated"] == "cpu-main"
+
+
+def test_case_studies_read_the_second_studys_arms(tmp_path):
+    out = tmp_path / "cs.json"
+    assert cli.main(["case-studies", "--family", "cpu3", "--quick", "--out", str(out)]) == 0
+    settings = json.loads(out.read_text())["settings"]
+    main = len(Study("cpu3-main").fit_table(main_design=False))
+    assert settings["family"] == "cpu3" and settings["runs"]["main"] >= main > 0
+    assert all(r.startswith("C") for r in settings["run_ids"]["main"])
+    assert sum(map(len, load_arms(folders=FAMILIES["cpu3"]["arms"]).values())) == sum(settings["runs"].values())
+
+
+@pytest.mark.parametrize("command", ["constancy", "misfit", "case-studies", "shape"])
+def test_an_unknown_family_is_one_line_and_exit_2(command, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main([command, "--family", "cpu4", "--out", "/tmp/never.json"])
+    assert e.value.code == 2 and "invalid choice: 'cpu4'" in capsys.readouterr().err
