@@ -127,8 +127,9 @@ def test_reduced_analysis_matches_the_committed_results(tmp_path):
     assert X.main(["--quick", "--out", str(out)]) == 0
     quick = X.read_results(out)
     assert quick["settings"]["quick"] and not committed["settings"]["quick"]
-    pd.testing.assert_frame_equal(quick["matched"], committed["matched"])
-    pd.testing.assert_frame_equal(quick["grid"]["matched"], committed["grid"]["matched"])
+    # equal values; r is written 1 since runs tables type it as a count (records.cast), 1.0 in older results
+    pd.testing.assert_frame_equal(quick["matched"], committed["matched"], check_dtype=False)
+    pd.testing.assert_frame_equal(quick["grid"]["matched"], committed["grid"]["matched"], check_dtype=False)
     assert quick["grid"]["fit"]["phi"] == pytest.approx(committed["grid"]["fit"]["phi"], abs=0.02)
     # the two-arm joint fit is barely identified (the appendix's point): phi only within the committed profile interval
     lo, hi = X.profile_interval(committed["identification"]["phi_profile_loop2_untied2"], "phi", n=14, k=6)
