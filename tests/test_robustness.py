@@ -313,3 +313,25 @@ def test_seed_and_order_attributes_a_shift_to_the_order():
     assert out["order_at_seed42"]["mean"] == pytest.approx(-0.015, abs=2e-3) and out["order_at_seed43"]["t"] < -10
     assert abs(out["seed_at_fixed_order"]["mean"]) < 2e-3 and abs(out["seed_at_fixed_order"]["t"]) < 5
     assert seed_and_order(*arms[:2]) == {"n_configs": 0}          # without the cpu-order runs: nothing to attribute
+
+
+def test_seed_and_order_reads_the_second_studys_two_by_two():
+    """cpu3-replicates crosses two seeds with one permuted order (data_order 43) at eight
+    configurations of cpu3-main, whose runs are seed 42 under the fixed order: the attribution sees
+    all eight and puts a shift made by the order on the order."""
+    from looped.studies.paper import design_of
+    from looped.studies.sweep.registry import load_study
+    from looped.studies.sweep.replicates import seed_and_order
+    reps = load_study("cpu3-replicates")
+    design = design_of(reps).assign(seed=[r.seed for r in reps], data_order=[r.data_order for r in reps])
+    configs = design.drop_duplicates(["budget", "r", "s"]).assign(seed=42, data_order=None)
+    rng = np.random.default_rng(3)
+    base = {(b, r, s): 3.0 + rng.normal(0, 0.05) for b, r, s in configs[["budget", "r", "s"]].itertuples(index=False)}
+    loss = lambda t: [base[k] - (0.014 if o == o and o is not None else 0) + rng.normal(0, 1e-3)   # noqa: E731
+                      for k, o in zip(t[["budget", "r", "s"]].itertuples(index=False, name=None), t.data_order)]
+    main, replicates = configs.assign(loss=loss(configs)), design.assign(loss=loss(design))
+    out = seed_and_order(main, replicates)
+    assert out["n_configs"] == 8
+    for seed in (42, 43):
+        assert out[f"order_at_seed{seed}"]["mean"] == pytest.approx(-0.014, abs=2e-3)
+    assert abs(out["seed_at_permuted_order"]["mean"]) < 2e-3
