@@ -4,6 +4,7 @@ where they should not hold."""
 import warnings
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from looped.law import Law
@@ -96,3 +97,26 @@ def test_the_injection_guard_reads_the_controls():
     better = ctl.assign(loss=[plain.get((b, s), v) - 0.002 * s
                               for b, s, v in zip(ctl["budget"], ctl["s"], ctl["loss"])])
     assert not any(misfit.injection_claims(L.injection_cost(main, better)).values())
+
+
+def test_the_additive_anchor_contrast_finds_a_known_difference_in_differences():
+    """cpu3-additive's design (additive injection at r = 1 and 8 on nine (budget, s) points) against
+    the main r = 8 runs and the linear r = 1 controls: additive minus linear is +0.01 nats at r = 1
+    and +0.03 at r = 8, so the difference in differences is +0.02; points missing a run are left out."""
+    from looped.studies.paper import design_of
+    from looped.studies.sweep.registry import load_study
+    add = design_of(load_study("cpu3-additive"))
+    points = add[["budget", "s"]].drop_duplicates()
+    rng = np.random.default_rng(5)
+    base = {k: 3.0 + 0.1 * rng.random() for k in points.itertuples(index=False, name=None)}
+    def runs(t, r, injection, shift):
+        t = t.assign(r=r, injection=injection, bptt_k=r, n_once=1e5, n_rec=1e5 * r, tokens=1e7)
+        return t.assign(loss=[base[(b, s)] + shift + rng.normal(0, 5e-4) for b, s in zip(t.budget, t.s)])
+    lin1, lin8 = runs(points, 1, "linear", 0.0), runs(points, 8, "linear", -0.2)
+    add1, add8 = runs(points, 1, "additive", 0.01), runs(points, 8, "additive", -0.2 + 0.03)
+    out = L.additive_anchor(lin8.iloc[1:], lin1, pd.concat([add1, add8]))   # one point lacks its r = 8 run
+    assert out["n"] == len(points) - 1 == 8
+    assert out["at_r1"]["mean"] == pytest.approx(0.01, abs=1e-3)
+    assert out["at_r8"]["mean"] == pytest.approx(0.03, abs=1e-3)
+    assert out["difference"]["mean"] == pytest.approx(0.02, abs=1e-3) and out["difference"]["t"] > 20
+    assert L.additive_anchor(lin8, lin1, None) == {"n": 0}

@@ -46,10 +46,13 @@ MINIMA_BOOT_RESTARTS = 10   # the paper's minima resampled as chapter 3 fits the
 
 def read_results(path=RESULTS) -> dict:
     """The committed results of `looped misfit`: ladder, anchors, conventions and roles as
-    DataFrames; pure_error and settings as dicts."""
+    DataFrames; pure_error, settings and additive_anchor (its points a DataFrame) as dicts."""
     raw = json.loads(Path(path).read_text())
     out = {k: pd.DataFrame(raw[k]) for k in ("ladder", "anchors", "conventions", "roles")}
-    return dict(out, pure_error=raw["pure_error"], settings=raw["settings"])
+    additive = raw.get("additive_anchor", {"n": 0})   # (results written before it was measured: none)
+    if "points" in additive:
+        additive = dict(additive, points=pd.DataFrame(additive["points"]))
+    return dict(out, pure_error=raw["pure_error"], settings=raw["settings"], additive_anchor=additive)
 
 
 def _levels(mask, names) -> dict:
@@ -165,6 +168,38 @@ def injection_cost(df, controls) -> pd.DataFrame:
                          "cost": both["loss_lin"] - both["loss_plain"]})
 
 
+def additive_anchor(df, controls, additive) -> dict:
+    """Which r = 1 model anchors the looped runs: at each (budget, s) with all four runs, the additive
+    injection against the linear one at r = 8 (additive runs vs the main runs) and at r = 1 (additive
+    runs vs the linear controls).  If the two injections differ by as much at r = 1 as at r = 8, the
+    difference in differences is zero and the linear r = 1 control is as good an anchor as the
+    additive one.  Each contrast: mean (nats, additive minus linear), its SE, t and points; the
+    per-point table is ``points``.  Empty (n 0) until such runs exist."""
+    cols = ["budget", "s"]
+    pick = lambda t, r, inj: t[(t["r"] == r) & (t["injection"].astype(str) == inj)][cols + ["loss"]]  # noqa: E731
+    tables = [validate_runs(t, need=cols) if t is not None and len(t) else None for t in (df, controls, additive)]
+    if any(t is None for t in tables):
+        return dict(n=0)
+    df, ctl, add = tables
+    parts = {"lin1": pick(ctl, 1, "linear"), "add1": pick(add, 1, "additive"), "lin8": pick(df, 8, "linear"),
+             "add8": pick(add, 8, "additive")}
+    points = None
+    for name, t in parts.items():
+        t = t.groupby(cols, as_index=False)["loss"].mean().rename(columns={"loss": name})
+        points = t if points is None else points.merge(t, on=cols)
+    if points is None or not len(points):
+        return dict(n=0)
+    points = points.assign(at_r1=points.add1 - points.lin1, at_r8=points.add8 - points.lin8)
+    points = points.assign(did=points.at_r8 - points.at_r1)
+
+    def contrast(d):
+        n = len(d)
+        se = float(d.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan
+        return dict(mean=float(d.mean()), se=se, t=float(d.mean()) / se if n > 1 else math.nan, n=n)
+    return dict(n=len(points), at_r1=contrast(points.at_r1), at_r8=contrast(points.at_r8),
+                difference=contrast(points.did), points=points)
+
+
 def paper_minima(head: bool = False) -> pd.DataFrame:
     """The paper's 24 published minima as runs (`runs_from_minima`), the LM head (padded
     vocabulary x width) counted in N_once with `head`."""
@@ -200,6 +235,8 @@ def main(argv=None) -> int:
                     "default: the family's replicate studies)")
     ap.add_argument("--controls", help="the linear r = 1 controls (folder or CSV; skipped when absent; "
                     "default: the family's controls)")
+    ap.add_argument("--additive", help="the additive-injection runs at r = 1 and 8 (folder or CSV; skipped when "
+                    "absent; default: the family's additive study)")
     ap.add_argument("--out", required=True, help="JSON file to write")
     ap.add_argument("--quick", action="store_true", help="few restarts and resamples (CI)")
     ap.add_argument("--seed", type=int, default=0)
@@ -208,26 +245,30 @@ def main(argv=None) -> int:
     a.runs = a.runs or str(study_folder(family["main"]))
     a.seeds = [str(study_folder(n)) for n in family["replicates"]] if a.seeds is None else a.seeds
     a.controls = a.controls or str(study_folder(family["controls"]))
+    a.additive = a.additive or str(study_folder(family["additive"]))
     s, t0 = dict(QUICK if a.quick else FULL), time.perf_counter()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             main = load_runs(a.runs)
             seeds = [load_runs(p) for p in a.seeds if Path(p).is_dir() and any(Path(p).rglob("*.json"))]
-            ctl = load_runs(a.controls) if Path(a.controls).exists() else None
+            ctl, add = (load_runs(p) if Path(p).is_file() or any(Path(p).rglob("*.json")) else None
+                        for p in (a.controls, a.additive))
         pe = pure_error(validate_runs(main, need=("budget",)), *seeds)
         lad, roles = ladder(main, pe, s["restarts"], s["multi_restarts"], a.seed)
         print(f"looped misfit: ladder done ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
         anc = anchors(main, ctl, seed=a.seed, **s)
         print(f"looped misfit: anchors done ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
         conv = conventions(main, s["restarts"], s["bootstrap"], s["boot_restarts"], a.seed)
+        additive = additive_anchor(main, ctl, add)
     except FitError as e:
         print(f"looped misfit: error: {e}", file=sys.stderr)
         return 2
-    out = dict(ladder=lad, roles=roles, anchors=anc, conventions=conv, pure_error=pe,
+    out = dict(ladder=lad, roles=roles, anchors=anc, additive_anchor=additive, conventions=conv, pure_error=pe,
                settings=dict(s, quick=a.quick, seed=a.seed, family=a.family, runs=repo_relative(a.runs),
                              seeds=[repo_relative(p) for p in a.seeds if Path(p).exists()],
-                             controls=repo_relative(a.controls), seconds=time.perf_counter() - t0))
+                             controls=repo_relative(a.controls), additive=repo_relative(a.additive),
+                             seconds=time.perf_counter() - t0))
     atomic_write_json(a.out, json_ready(out), allow_nan=False)
     return 0
 
