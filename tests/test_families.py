@@ -46,3 +46,19 @@ def test_an_unknown_family_is_one_line_and_exit_2(command, capsys):
     with pytest.raises(SystemExit) as e:
         cli.main([command, "--family", "cpu4", "--out", "/tmp/never.json"])
     assert e.value.code == 2 and "invalid choice: 'cpu4'" in capsys.readouterr().err
+
+
+def test_an_analysis_defaults_to_its_familys_studies_and_keeps_what_is_given():
+    import argparse
+
+    from looped.studies.sweep.registry import add_family_options, family_defaults, study_folder
+    ap = argparse.ArgumentParser()
+    add_family_options(ap, "runs", "seeds", "drift", "controls", "additive")
+    a = ap.parse_args(["--family", "cpu3", "--controls", "my/controls.csv"])
+    family_defaults(a, "runs", "seeds", "drift", "controls", "additive")
+    assert a.runs == str(study_folder("cpu3-main")) and a.seeds == [str(study_folder("cpu3-replicates"))]
+    assert a.drift == [str(study_folder("cpu3-drift"))] and a.additive == str(study_folder("cpu3-additive"))
+    assert a.controls == "my/controls.csv"
+    b = ap.parse_args(["--seeds"])   # given empty: no replicate runs, not the default ones
+    family_defaults(b, "seeds")
+    assert b.seeds == [] and b.family == "cpu"

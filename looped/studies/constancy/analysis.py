@@ -33,7 +33,7 @@ from ...law import Law, synthetic_losses
 from ...resample import cells
 from ...solver import LAW_PARAMS
 from ..paper import PAPER_LAW, design_of, paper_grid, paper_table
-from ..sweep.registry import FAMILIES, STUDIES, load_study, study_folder
+from ..sweep.registry import STUDIES, add_family_options, family_defaults, load_study
 from ..sweep.replicates import REPLICATE_STUDIES, protocol_shift, pure_error, replicate_sd, seed_and_order  # noqa: F401
 from .drift import add_budgets, phi_vs_compute, power, trend_simulation
 from .variants import NAN2, fit_multi, fit_residuals, fit_row, onehot, rmse
@@ -278,21 +278,12 @@ def run_all(df, seed_df, s: dict, seed=0, drift=None, planned=None) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="looped constancy", description="Is phi a constant? Other forms, lack of "
                                  "fit, drift with compute.")
-    ap.add_argument("--family", choices=FAMILIES, default="cpu",
-                    help="the CPU studies whose runs are the defaults below: cpu (corpus v2) or cpu3 (corpus v3)")
-    ap.add_argument("--runs", help="runs of the main fit (folder or CSV; default: the family's main study)")
-    ap.add_argument("--seeds", nargs="*", help="replicate runs (folders or CSVs; absent ones skipped; "
-                    "default: the family's replicate studies)")
-    ap.add_argument("--drift", nargs="*", help="runs at further budgets (folders or CSVs; absent or empty ones "
-                    "skipped; default: the family's drift study)")
+    add_family_options(ap, "runs", "seeds", "drift")
     ap.add_argument("--out", required=True, help="JSON file to write")
     ap.add_argument("--quick", action="store_true", help="small restarts, bootstrap and draws (CI)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the fits, resamples and simulations (default 0)")
     a = ap.parse_args(argv)
-    family = FAMILIES[a.family]
-    a.runs = a.runs or str(study_folder(family["main"]))
-    a.seeds = [str(study_folder(n)) for n in family["replicates"]] if a.seeds is None else a.seeds
-    a.drift = [str(study_folder(family["drift"]))] if a.drift is None else a.drift
+    family_defaults(a, "runs", "seeds", "drift")
     settings, t0 = dict(QUICK if a.quick else FULL), time.perf_counter()
     seeds = [p for p in a.seeds if Path(p).exists()]
     drifts = [p for p in a.drift if Path(p).is_file() or any(Path(p).glob("*.json"))]

@@ -30,7 +30,7 @@ from ...fit import FitError, fit, load_runs, validate_runs
 from ...io import atomic_write_json, json_ready
 from ...solver import RunArrays, law_loss
 from ..paper import PAPER_DIR, runs_from_minima
-from ..sweep.registry import FAMILIES, study_folder
+from ..sweep.registry import add_family_options, family_defaults
 from ..sweep.replicates import pure_error
 from .analysis import cell_position, count_embeddings
 from .variants import NAN2, fit_multi, fit_residuals, onehot
@@ -228,24 +228,12 @@ def conventions(df, restarts=500, bootstrap=200, boot_restarts=None, seed=0) -> 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="looped misfit", description="Where the law misses our runs; phi's anchor "
                                  "and counting conventions.")
-    ap.add_argument("--family", choices=FAMILIES, default="cpu",
-                    help="the CPU studies whose runs are the defaults below: cpu (corpus v2) or cpu3 (corpus v3)")
-    ap.add_argument("--runs", help="runs of the main fit (folder or CSV; default: the family's main study)")
-    ap.add_argument("--seeds", nargs="*", help="replicate runs (folders or CSVs; absent ones skipped; "
-                    "default: the family's replicate studies)")
-    ap.add_argument("--controls", help="the linear r = 1 controls (folder or CSV; skipped when absent; "
-                    "default: the family's controls)")
-    ap.add_argument("--additive", help="the additive-injection runs at r = 1 and 8 (folder or CSV; skipped when "
-                    "absent; default: the family's additive study)")
+    add_family_options(ap, "runs", "seeds", "controls", "additive")
     ap.add_argument("--out", required=True, help="JSON file to write")
     ap.add_argument("--quick", action="store_true", help="few restarts and resamples (CI)")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
-    family = FAMILIES[a.family]
-    a.runs = a.runs or str(study_folder(family["main"]))
-    a.seeds = [str(study_folder(n)) for n in family["replicates"]] if a.seeds is None else a.seeds
-    a.controls = a.controls or str(study_folder(family["controls"]))
-    a.additive = a.additive or str(study_folder(family["additive"]))
+    family_defaults(a, "runs", "seeds", "controls", "additive")
     s, t0 = dict(QUICK if a.quick else FULL), time.perf_counter()
     try:
         with warnings.catch_warnings():

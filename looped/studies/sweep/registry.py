@@ -82,6 +82,33 @@ FAMILIES = {
                        "cpu3-replicates")),
 }   # arms: the folders the case studies' paired estimators read
 
+# An analysis's options whose defaults are a family's studies: option -> (part, several folders?, what)
+FAMILY_OPTIONS = {"runs": ("main", False, "runs of the main fit"),
+                  "seeds": ("replicates", True, "replicate runs (absent ones skipped)"),
+                  "drift": ("drift", True, "runs at further budgets (absent or empty ones skipped)"),
+                  "controls": ("controls", False, "the linear r = 1 controls (skipped when absent)"),
+                  "additive": ("additive", False, "the additive-injection runs at r = 1 and 8 (skipped when absent)")}
+
+
+def add_family_options(ap, *options: str) -> None:
+    """--family, and each of `options` (`FAMILY_OPTIONS`) with the family's study as its default."""
+    ap.add_argument("--family", choices=FAMILIES, default="cpu",
+                    help="the CPU studies whose runs are the defaults below: cpu (corpus v2) or cpu3 (corpus v3)")
+    for option in options:
+        part, several, what = FAMILY_OPTIONS[option]
+        ap.add_argument(f"--{option}", nargs="*" if several else None,
+                        help=f"{what}: folder{'s' if several else ''} or CSV; default: the family's {part}")
+
+
+def family_defaults(a, *options: str) -> None:
+    """Fill each of `options` left unset on the command line with the folders of `a.family`'s studies."""
+    family = FAMILIES[a.family]
+    for option in options:
+        if getattr(a, option) is None:
+            names = family[FAMILY_OPTIONS[option][0]]
+            folders = [str(study_folder(n)) for n in ((names,) if isinstance(names, str) else names)]
+            setattr(a, option, folders if FAMILY_OPTIONS[option][1] else folders[0])
+
 class SweepError(RuntimeError):
     pass
 
