@@ -196,8 +196,15 @@ def test_version_and_bench_help(capsys):
     assert code == 0 and all(name in out for name in ("train", "fit", "profile"))
 
 
+@pytest.mark.parametrize("old, new", [("robustness", "constancy"), ("paired", "case-studies")])
+def test_a_renamed_command_names_its_new_name(old, new, capsys):
+    code, out, err = run([old, "--out", "/tmp/never.json"], capsys)
+    assert code == 2 and out == "" and err == f"looped: error: `looped {old}` is now `looped {new}` (same options)\n"
+
+
 @pytest.mark.parametrize("command", [["accounting"], ["train"], ["fit"], ["bench", "train"], ["bench", "fit"],
-                                     ["bench", "profile"], ["sweep"], ["runs"], ["data"]])
+                                     ["bench", "profile"], ["sweep"], ["runs"], ["data"], ["constancy"], ["misfit"],
+                                     ["case-studies"], ["shape"], ["corpora"], ["external"]])
 def test_every_option_has_help(command, monkeypatch):
     import argparse
     import importlib

@@ -100,9 +100,10 @@ def main(argv=None) -> int:
     """`looped corpora --out runs/analysis/corpora.json [--quick]`: phi on both corpora."""
     ap = argparse.ArgumentParser(prog="looped corpora", description="phi on two corpora with one design")
     ap.add_argument("--out", required=True, help="results file (JSON), e.g. runs/analysis/corpora.json")
-    ap.add_argument("--studies", nargs=2, default=["cpu-main", "cpu3-main"], metavar=("FIRST", "SECOND"))
+    ap.add_argument("--studies", nargs=2, default=["cpu-main", "cpu3-main"], metavar=("FIRST", "SECOND"),
+                    help="the two studies of one design (default: cpu-main cpu3-main); phi(SECOND) - phi(FIRST)")
     ap.add_argument("--quick", action="store_true", help="64 restarts and 20 resamples (CI)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="seed of the fits and resamples (default 0)")
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
     kw = dict(restarts=64, bootstrap=20, boot_restarts=4) if a.quick else dict(restarts=500, bootstrap=200)

@@ -85,7 +85,7 @@ def main(argv=None) -> int:
     ap.add_argument("study", help=", ".join(STUDIES))
     ap.add_argument("--out", required=True, help="folder for the records")
     ap.add_argument("--noise", type=float, default=0.01, help="Gaussian noise on each loss (nats)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="seed of the noise added to the law's losses (default 0)")
     a = ap.parse_args(argv)
     if not (math.isfinite(a.noise) and a.noise >= 0):
         print("simulate: error: --noise must be a finite number >= 0", file=sys.stderr)

@@ -231,7 +231,7 @@ def main(argv=None) -> int:
     add_family_options(ap, "runs", "seeds", "controls", "additive")
     ap.add_argument("--out", required=True, help="JSON file to write")
     ap.add_argument("--quick", action="store_true", help="few restarts and resamples (CI)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="seed of the fits and resamples (default 0)")
     a = ap.parse_args(argv)
     family_defaults(a, "runs", "seeds", "controls", "additive")
     s, t0 = dict(QUICK if a.quick else FULL), time.perf_counter()

@@ -265,7 +265,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="JSON file of the analysis to write")
     ap.add_argument("--export", metavar="DIR", help="write the runs tables as CSV files for `looped fit`")
     ap.add_argument("--quick", action="store_true", help="fewer restarts, resamples and profile points (CI)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="seed of the fits and resamples (default 0)")
     a = ap.parse_args(argv)
     if not (a.out or a.export):
         ap.error("give --out and/or --export")
