@@ -70,3 +70,25 @@ def test_regenerated_notebooks_keep_their_cell_ids():
     ids = [c.id for c in a.cells]
     assert ids == [c.id for c in b.cells] and len(set(ids)) == 3 and ids[2] == ids[0] + "-2"
     nbformat.validate(a)
+
+
+def test_a_renamed_sync_copies_code_keeps_outputs_and_refuses_new_cells(tmp_path):
+    """`tools/notebooks.py --sync --renamed`: an import path renamed in the .md reaches the .ipynb with
+    the executed outputs kept (nbval then checks them); a cell added or removed needs a rerun."""
+    import nbformat
+    md = tmp_path / "ch.md"
+    header = (ROOT / "book" / "01_architecture.md").read_text().split("\n---\n", 1)[0] + "\n---\n\n"   # a chapter's
+    md.write_text(header + "# A\n\n```{code-cell} ipython3\nfrom old.place import f\nprint(1)\n```\n")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# A"),
+                                         nbformat.v4.new_code_cell("from old.place import f\nprint(1)")])
+    nb.cells[1].outputs = [nbformat.v4.new_output("stream", name="stdout", text="1\n")]
+    nbformat.write(nb, md.with_suffix(".ipynb"))
+    md.write_text(md.read_text().replace("old.place", "new.place"))
+    with pytest.raises(SystemExit, match="code changed"):
+        notebooks.sync(md)
+    notebooks.sync(md, renamed=True)
+    cell = [c for c in nbformat.read(md.with_suffix(".ipynb"), as_version=4).cells if c.cell_type == "code"][0]
+    assert cell.source.startswith("from new.place") and cell.outputs[0]["text"] == "1\n"
+    md.write_text(md.read_text() + "\n```{code-cell} ipython3\nprint(2)\n```\n")
+    with pytest.raises(SystemExit, match="added or removed"):
+        notebooks.sync(md, renamed=True)
