@@ -62,3 +62,16 @@ def test_an_analysis_defaults_to_its_familys_studies_and_keeps_what_is_given():
     b = ap.parse_args(["--seeds"])   # given empty: no replicate runs, not the default ones
     family_defaults(b, "seeds")
     assert b.seeds == [] and b.family == "cpu"
+
+
+def test_each_familys_results_have_one_place_the_book_reads():
+    """`make analysis` writes runs/analysis/FAMILY/NAME.json; read_results reads the default family's, or
+    another family's by name; an unknown family is one clear error."""
+    from looped.studies.constancy import analysis as constancy
+    from looped.studies.sweep.registry import DEFAULT_FAMILY, analysis_file
+    assert analysis_file("case-studies", "cpu3").as_posix().endswith("runs/analysis/cpu3/case_studies.json")
+    assert analysis_file("constancy").parent.name == DEFAULT_FAMILY
+    assert analysis_file("constancy", "cpu").exists()   # the first study's, committed
+    assert constancy.read_results(family="cpu")["settings"]["runs"] == "runs/cpu-main"
+    with pytest.raises(ValueError, match="unknown family 'cpu4'"):
+        analysis_file("constancy", "cpu4")

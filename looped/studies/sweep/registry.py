@@ -81,6 +81,7 @@ FAMILIES = {
                  arms=("cpu3-main", "cpu3-truncated", "cpu3-hyper", "cpu3-controls", "cpu3-matched",
                        "cpu3-replicates")),
 }   # arms: the folders the case studies' paired estimators read
+DEFAULT_FAMILY = "cpu"   # the family the commands and the book read unless told otherwise
 
 # An analysis's options whose defaults are a family's studies: option -> (part, several folders?, what)
 FAMILY_OPTIONS = {"runs": ("main", False, "runs of the main fit"),
@@ -92,8 +93,9 @@ FAMILY_OPTIONS = {"runs": ("main", False, "runs of the main fit"),
 
 def add_family_options(ap, *options: str) -> None:
     """--family, and each of `options` (`FAMILY_OPTIONS`) with the family's study as its default."""
-    ap.add_argument("--family", choices=FAMILIES, default="cpu",
-                    help="the CPU studies whose runs are the defaults below: cpu (corpus v2) or cpu3 (corpus v3)")
+    ap.add_argument("--family", choices=FAMILIES, default=DEFAULT_FAMILY,
+                    help=f"the CPU studies whose runs are the defaults below: cpu (corpus v2) or cpu3 (corpus v3); "
+                         f"default {DEFAULT_FAMILY}")
     for option in options:
         part, several, what = FAMILY_OPTIONS[option]
         ap.add_argument(f"--{option}", nargs="*" if several else None,
@@ -162,6 +164,14 @@ def study_folder(name: str) -> Path:
     """The folder of a study's run records: runs/NAME in the repository (`looped.studies.sweep.study.Study.folder`'s
     default; the one place it is spelled)."""
     return REPO / "runs" / name
+
+
+def analysis_file(name: str, family: str = DEFAULT_FAMILY) -> Path:
+    """Where `looped NAME --family FAMILY` writes its results for the book (`make analysis`), committed:
+    runs/analysis/FAMILY/NAME.json, NAME with underscores (the one place it is spelled)."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown family {family!r}; choose from {', '.join(FAMILIES)}")
+    return REPO / "runs" / "analysis" / family / f"{name.replace('-', '_')}.json"
 
 
 def parse_injection(name: str) -> tuple[str, int]:
