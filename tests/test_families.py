@@ -7,6 +7,7 @@ import json
 import pytest
 
 from looped import cli
+from looped.config import REPO
 from looped.studies import shape
 from looped.studies.case_studies.paired import FOLDERS, load_arms
 from looped.studies.sweep.registry import CASE_STUDIES, FAMILIES, STUDIES
@@ -18,10 +19,11 @@ def test_every_family_names_studies_that_exist_in_every_part():
     parts = set(FAMILIES["cpu"])
     for name, family in FAMILIES.items():
         assert set(family) == parts, name
-        named = [family[p] for p in ("main", "drift", "controls", "additive")] + [*family["replicates"],
+        named = [family[p] for p in ("lr", "main", "drift", "controls", "additive")] + [*family["replicates"],
                                                                                     *family["arms"]]
         assert all(n in STUDIES for n in named), name
         assert set(CASE_STUDIES[family["main"]]) <= set(family["arms"])   # its case studies are arms
+        assert (REPO / "runs" / family["manifest"]).exists(), name       # its corpus, as the book shows it
     assert FOLDERS == FAMILIES["cpu"]["arms"] and REPLICATE_STUDIES == FAMILIES["cpu"]["replicates"]
 
 

@@ -73,14 +73,17 @@ CASE_STUDIES = {  # a main study -> its truncated-BPTT and hyperconnection case 
 # Our CPU studies come in families, one per corpus (cpu: corpus v2, cpu3: corpus v3); the part each
 # study plays in the analyses, which take a family with `--family`.
 FAMILIES = {
-    "cpu": dict(main="cpu-main", drift="cpu-drift", controls="cpu-controls", additive="cpu-additive",
-                replicates=("prose-seeds", "cpu-replicates", "cpu-order"),   # every replicate run
+    "cpu": dict(corpus="v2", manifest="prose-corpus.json", lr="prose-lr", main="cpu-main",
+                drift="cpu-drift", controls="cpu-controls", additive="cpu-additive",
+                replicates=("prose-seeds", "cpu-replicates", "cpu-order"),
                 arms=("cpu-main", "cpu-truncated", "cpu-hyper", "cpu-controls", "cpu-matched", "cpu-replicates")),
-    "cpu3": dict(main="cpu3-main", drift="cpu3-drift", controls="cpu3-controls", additive="cpu3-additive",
+    "cpu3": dict(corpus="v3", manifest="prose3-bpe2048-T128.json", lr="cpu3-lr", main="cpu3-main",
+                 drift="cpu3-drift", controls="cpu3-controls", additive="cpu3-additive",
                  replicates=("cpu3-replicates",),
                  arms=("cpu3-main", "cpu3-truncated", "cpu3-hyper", "cpu3-controls", "cpu3-matched",
                        "cpu3-replicates")),
-}   # arms: the folders the case studies' paired estimators read
+}   # corpus: its label in the book; manifest: its dataset's, under runs/; lr: its learning-rate check;
+#     replicates: every replicate run; arms: the folders the case studies' paired estimators read
 DEFAULT_FAMILY = "cpu"   # the family the commands and the book read unless told otherwise
 
 # An analysis's options whose defaults are a family's studies: option -> (part, several folders?, what)
