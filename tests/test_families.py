@@ -77,3 +77,41 @@ def test_each_familys_results_have_one_place_the_book_reads():
     assert constancy.read_results(family="cpu")["settings"]["runs"] == "runs/cpu-main"
     with pytest.raises(ValueError, match="unknown family 'cpu4'"):
         analysis_file("constancy", "cpu4")
+
+
+# The chapters that read our CPU studies or their analyses; each takes the family as a parameter.
+FAMILY_CHAPTERS = ("02_sweep", "03_our_phi", "03_phi_limits", "04_constancy", "04_shape", "05_truncation",
+                   "06_hyperconnections", "07_what_phi_buys", "08_conclusion")
+
+
+def _family_default(chapter: str) -> str | None:
+    import re
+    text = (REPO / "book" / f"{chapter}.md").read_text()
+    cell = re.search(r":tags: \[parameters\]\n(.*?)```", text, re.S)
+    found = re.search(r'^family = "(\w+)"', cell.group(1), re.M) if cell else None
+    return found.group(1) if found else None
+
+
+def test_every_chapter_on_our_studies_reads_one_family_the_commands_read_too():
+    """One book, one family: every chapter that reads our CPU studies takes `family`, all default to
+    the same one, and it is the family the analysis commands read when none is named."""
+    from looped.studies.sweep.registry import DEFAULT_FAMILY
+    assert {c: _family_default(c) for c in FAMILY_CHAPTERS} == dict.fromkeys(FAMILY_CHAPTERS, DEFAULT_FAMILY)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chapter", FAMILY_CHAPTERS)
+def test_each_chapter_runs_on_the_other_family(chapter, tmp_path):
+    """papermill -p family OTHER: the chapter reads the other family's runs and committed analyses and
+    runs to the end (its sentences, written for the default family, become notes where they fail)."""
+    from test_gpu_chapters import run_chapter
+
+    from looped.studies.sweep.registry import DEFAULT_FAMILY
+    other = next(f for f in FAMILIES if f != DEFAULT_FAMILY)
+    if chapter == "08_conclusion":   # it sets every case study's verdict beside the others
+        from looped.studies.case_studies.analysis import read_results
+        if not read_results(family=other)["studies"]:
+            pytest.skip(f"the {other} family's case studies have not run yet")
+    quick = {"restarts": 60, "bootstrap": 20} if "restarts" in (REPO / "book" / f"{chapter}.md").read_text() else {}
+    nb = run_chapter(chapter, tmp_path / f"{chapter}.ipynb", family=other, **quick)
+    assert not [o for c in nb["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"]

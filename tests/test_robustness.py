@@ -9,7 +9,7 @@ import pytest
 from looped import accounting as acc
 from looped.config import REPO, model_config
 from looped.fit import FitError, fit
-from looped.io import json_ready
+from looped.io import json_ready, json_table
 from looped.law import Law
 from looped.solver import RunArrays, law_loss, objective
 from looped.studies.constancy import analysis as R
@@ -193,6 +193,17 @@ def test_json_is_plain():
         "n": 3,
         "v": [None],
     }
+
+
+
+def test_a_table_written_as_json_reads_back_with_its_missing_numbers_as_nan():
+    """A column of numbers that JSON holds as null (an F without replicates) reads back as float NaN, so a
+    chapter's comparison on it is False, not a TypeError; text columns stay text."""
+    rows = json.loads(json.dumps(json_ready(pd.DataFrame({"model": ["law", "free"], "F": [np.nan, np.nan],
+                                                          "p": [np.nan, 0.5]}))))
+    table = json_table(rows)
+    assert table.F.dtype == float and table.p.tolist()[1] == 0.5 and not (table.F > 2).any()
+    assert table.model.tolist() == ["law", "free"]
 
 
 def test_phi_vs_compute_tables(exact):

@@ -28,7 +28,7 @@ from scipy import stats
 
 from ...config import model_config, repo_relative
 from ...fit import FitError, fit, load_runs, validate_runs
-from ...io import atomic_write_json, json_ready
+from ...io import atomic_write_json, json_numbers, json_ready, json_table
 from ...law import Law, synthetic_losses
 from ...resample import cells
 from ...solver import LAW_PARAMS
@@ -47,13 +47,14 @@ def read_results(path=None, family: str = DEFAULT_FAMILY) -> dict:
     dicts."""
     raw = json.loads(Path(path or analysis_file("constancy", family)).read_text())
     gof, pvc = raw["goodness_of_fit"], raw["phi_vs_compute"]
-    out = {"robustness": pd.DataFrame(raw["robustness"]), "summary": gof["summary"], "settings": raw["settings"],
-           "synthetic": pd.DataFrame([dict(scenario=k, **v["summary"]) for k, v in raw["synthetic"].items()]),
-           "drift_calibration": raw.get("drift_calibration", {})}
-    out.update({k: pd.DataFrame(gof[k]) for k in ("by_r", "by_position", "by_role", "lobo", "residuals")})
+    out = {"robustness": json_table(raw["robustness"]), "summary": json_numbers(gof["summary"]),
+           "settings": raw["settings"],
+           "synthetic": json_table([dict(scenario=k, **v["summary"]) for k, v in raw["synthetic"].items()]),
+           "drift_calibration": json_numbers(raw.get("drift_calibration", {}))}
+    out.update({k: json_table(gof[k]) for k in ("by_r", "by_position", "by_role", "lobo", "residuals")})
     out["holdout"] = pd.DataFrame(gof.get("holdout", []), columns=HOLDOUT_COLUMNS)
-    out.update({k: pd.DataFrame(pvc[k]) for k in ("per_budget", "windows", "paper_per_budget", "paper_windows",
-                                                  "trend")})
+    out.update({k: json_table(pvc[k]) for k in ("per_budget", "windows", "paper_per_budget", "paper_windows",
+                                                "trend")})
     return out
 
 

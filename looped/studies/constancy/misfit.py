@@ -27,7 +27,7 @@ from scipy import stats
 
 from ...config import model_config, repo_relative
 from ...fit import FitError, fit, load_runs, validate_runs
-from ...io import atomic_write_json, json_ready
+from ...io import atomic_write_json, json_numbers, json_ready, json_table
 from ...solver import RunArrays, law_loss
 from ..paper import PAPER_DIR, runs_from_minima
 from ..sweep.registry import DEFAULT_FAMILY, add_family_options, analysis_file, family_defaults
@@ -48,11 +48,11 @@ def read_results(path=None, family: str = DEFAULT_FAMILY) -> dict:
     conventions and roles as DataFrames; pure_error, settings and additive_anchor (its points a DataFrame)
     as dicts."""
     raw = json.loads(Path(path or analysis_file("misfit", family)).read_text())
-    out = {k: pd.DataFrame(raw[k]) for k in ("ladder", "anchors", "conventions", "roles")}
+    out = {k: json_table(raw[k]) for k in ("ladder", "anchors", "conventions", "roles")}
     additive = raw.get("additive_anchor", {"n": 0})   # (results written before it was measured: none)
     if "points" in additive:
         additive = dict(additive, points=pd.DataFrame(additive["points"]))
-    return dict(out, pure_error=raw["pure_error"], settings=raw["settings"], additive_anchor=additive)
+    return dict(out, pure_error=json_numbers(raw["pure_error"]), settings=raw["settings"], additive_anchor=additive)
 
 
 def _levels(mask, names) -> dict:
@@ -160,7 +160,10 @@ def anchors(df, controls=None, restarts=500, multi_restarts=200, bootstrap=200, 
 
 def injection_cost(df, controls) -> pd.DataFrame:
     """What the linear injection costs at r = 1: each linear r = 1 control against the plain r = 1
-    main run of its (budget, s).  Columns: budget, s, d_model, cost (nats, linear minus plain)."""
+    main run of its (budget, s).  Columns: budget, s, d_model, cost (nats, linear minus plain); no rows
+    until such controls exist."""
+    if controls is None or not len(controls):
+        return pd.DataFrame(columns=["budget", "s", "d_model", "cost"], dtype=float)
     df, ctl = validate_runs(df, need=("budget", "s")), validate_runs(controls, need=("budget", "s"))
     ctl = ctl[(ctl["r"] == 1) & (ctl["injection"].astype(str) == "linear")]
     both = ctl.merge(df[df["r"] == 1], on=["budget", "s"], suffixes=("_lin", "_plain"))
