@@ -74,7 +74,7 @@ def json_ready(x):
 def json_table(rows):
     """A table that `json_ready` wrote, read back as a DataFrame: a column of numbers whose missing
     values JSON holds as null is float again (NaN, not None), so comparisons on it do not raise."""
-    import pandas as pd   # here, not at the top: the trainer imports io and needs no pandas
+    import pandas as pd  # here, not at the top: the trainer imports io and needs no pandas
 
     df = pd.DataFrame(rows)
     for c in df.select_dtypes(include="object").columns:
