@@ -68,14 +68,17 @@ book-config: venv
 notebooks: venv  ## regenerate the executed nbval references book/NN_*.ipynb from the .md sources
 	$(PY) tools/notebooks.py $(CHAPTERS)
 
-# The minutes-long analyses over the committed runs (about 40 min on two cores, measured 3.7 + 16 + 17 for shape,
-# 1.6 for corpora), then
-# the chapters that read their results: run it when new runs have landed, and commit runs/analysis and book/.
-analysis: venv  ## rerun `looped constancy`, `misfit`, `case-studies`, `shape` and `corpora`, then regenerate the chapters that read them
-	$(PY) -m looped constancy --out runs/analysis/constancy.json
-	$(PY) -m looped misfit --out runs/analysis/misfit.json
-	$(PY) -m looped case-studies --out runs/analysis/case_studies.json
-	$(PY) -m looped shape --out runs/analysis/shape.json
+# The minutes-long analyses over the committed runs, for each family of CPU studies (cpu: corpus v2, cpu3: corpus
+# v3) into runs/analysis/FAMILY/ (about 40 min a family on two cores, measured 3.7 + 16 + 17 for shape on cpu),
+# then `looped corpora` (1.6 min) and the chapters that read their results: run it when new runs have landed, and
+# commit runs/analysis and book/.  One family: make analysis FAMILIES=cpu3
+FAMILIES ?= cpu cpu3
+analysis: venv  ## rerun `looped constancy`, `misfit`, `case-studies`, `shape` per family and `corpora`, then regenerate the chapters that read them
+	set -e; for f in $(FAMILIES); do \
+	  for a in constancy misfit case-studies shape; do \
+	    $(PY) -m looped $$a --family $$f --out runs/analysis/$$f/$$(echo $$a | tr - _).json; \
+	  done; \
+	done
 	$(PY) -m looped corpora --out runs/analysis/corpora.json
 	$(PY) tools/notebooks.py 02_sweep 03_our_phi 03_phi_limits 05_truncation 06_hyperconnections 07_what_phi_buys 04_constancy appendix_external 04_shape 08_conclusion appendix_corpus
 

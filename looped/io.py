@@ -70,6 +70,25 @@ def json_ready(x):
     return x
 
 
+
+def json_table(rows):
+    """A table that `json_ready` wrote, read back as a DataFrame: a column of numbers whose missing
+    values JSON holds as null is float again (NaN, not None), so comparisons on it do not raise."""
+    import pandas as pd  # here, not at the top: the trainer imports io and needs no pandas
+
+    df = pd.DataFrame(rows)
+    for c in df.select_dtypes(include="object").columns:
+        values = df[c].dropna()
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            df[c] = df[c].astype(float)
+    return df
+
+
+def json_numbers(d: dict) -> dict:
+    """A dict of numbers that `json_ready` wrote (a summary), read back with each null as NaN again: a
+    number that could not be measured (a pure error without replicates) compares False, never raises."""
+    return {k: json_numbers(v) if isinstance(v, dict) else math.nan if v is None else v for k, v in d.items()}
+
 # ------------------------------------------------------------- the `--json [PATH|-]` convention
 
 def add_json_option(ap, what: str) -> None:

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from looped import cli
+from looped.config import REPO
 from looped.studies import shape
 from looped.studies.case_studies.paired import FOLDERS, load_arms
 from looped.studies.sweep.registry import CASE_STUDIES, FAMILIES, STUDIES
@@ -18,10 +19,11 @@ def test_every_family_names_studies_that_exist_in_every_part():
     parts = set(FAMILIES["cpu"])
     for name, family in FAMILIES.items():
         assert set(family) == parts, name
-        named = [family[p] for p in ("main", "drift", "controls", "additive")] + [*family["replicates"],
+        named = [family[p] for p in ("lr", "main", "drift", "controls", "additive")] + [*family["replicates"],
                                                                                     *family["arms"]]
         assert all(n in STUDIES for n in named), name
         assert set(CASE_STUDIES[family["main"]]) <= set(family["arms"])   # its case studies are arms
+        assert (REPO / "runs" / family["manifest"]).exists(), name       # its corpus, as the book shows it
     assert FOLDERS == FAMILIES["cpu"]["arms"] and REPLICATE_STUDIES == FAMILIES["cpu"]["replicates"]
 
 
@@ -62,3 +64,54 @@ def test_an_analysis_defaults_to_its_familys_studies_and_keeps_what_is_given():
     b = ap.parse_args(["--seeds"])   # given empty: no replicate runs, not the default ones
     family_defaults(b, "seeds")
     assert b.seeds == [] and b.family == "cpu"
+
+
+def test_each_familys_results_have_one_place_the_book_reads():
+    """`make analysis` writes runs/analysis/FAMILY/NAME.json; read_results reads the default family's, or
+    another family's by name; an unknown family is one clear error."""
+    from looped.studies.constancy import analysis as constancy
+    from looped.studies.sweep.registry import DEFAULT_FAMILY, analysis_file
+    assert analysis_file("case-studies", "cpu3").as_posix().endswith("runs/analysis/cpu3/case_studies.json")
+    assert analysis_file("constancy").parent.name == DEFAULT_FAMILY
+    assert analysis_file("constancy", "cpu").exists()   # the first study's, committed
+    assert constancy.read_results(family="cpu")["settings"]["runs"] == "runs/cpu-main"
+    with pytest.raises(ValueError, match="unknown family 'cpu4'"):
+        analysis_file("constancy", "cpu4")
+
+
+# The chapters that read our CPU studies or their analyses; each takes the family as a parameter.
+FAMILY_CHAPTERS = ("02_sweep", "03_our_phi", "03_phi_limits", "04_constancy", "04_shape", "05_truncation",
+                   "06_hyperconnections", "07_what_phi_buys", "08_conclusion")
+
+
+def _family_default(chapter: str) -> str | None:
+    import re
+    text = (REPO / "book" / f"{chapter}.md").read_text()
+    cell = re.search(r":tags: \[parameters\]\n(.*?)```", text, re.S)
+    found = re.search(r'^family = "(\w+)"', cell.group(1), re.M) if cell else None
+    return found.group(1) if found else None
+
+
+def test_every_chapter_on_our_studies_reads_one_family_the_commands_read_too():
+    """One book, one family: every chapter that reads our CPU studies takes `family`, all default to
+    the same one, and it is the family the analysis commands read when none is named."""
+    from looped.studies.sweep.registry import DEFAULT_FAMILY
+    assert {c: _family_default(c) for c in FAMILY_CHAPTERS} == dict.fromkeys(FAMILY_CHAPTERS, DEFAULT_FAMILY)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chapter", FAMILY_CHAPTERS)
+def test_each_chapter_runs_on_the_other_family(chapter, tmp_path):
+    """papermill -p family OTHER: the chapter reads the other family's runs and committed analyses and
+    runs to the end (its sentences, written for the default family, become notes where they fail)."""
+    from test_gpu_chapters import run_chapter
+
+    from looped.studies.sweep.registry import DEFAULT_FAMILY
+    other = next(f for f in FAMILIES if f != DEFAULT_FAMILY)
+    if chapter == "08_conclusion":   # it sets every case study's verdict beside the others
+        from looped.studies.case_studies.analysis import read_results
+        if not read_results(family=other)["studies"]:
+            pytest.skip(f"the {other} family's case studies have not run yet")
+    quick = {"restarts": 60, "bootstrap": 20} if "restarts" in (REPO / "book" / f"{chapter}.md").read_text() else {}
+    nb = run_chapter(chapter, tmp_path / f"{chapter}.ipynb", family=other, **quick)
+    assert not [o for c in nb["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"]

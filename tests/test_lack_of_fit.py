@@ -97,6 +97,8 @@ def test_the_injection_guard_reads_the_controls():
     better = ctl.assign(loss=[plain.get((b, s), v) - 0.002 * s
                               for b, s, v in zip(ctl["budget"], ctl["s"], ctl["loss"])])
     assert not any(misfit.injection_claims(L.injection_cost(main, better)).values())
+    none = L.injection_cost(main, ctl.iloc[:0])   # a family whose controls have not run yet
+    assert len(none) == 0 and not any(misfit.injection_claims(none).values())
 
 
 def test_the_additive_anchor_contrast_finds_a_known_difference_in_differences():

@@ -183,7 +183,7 @@ def test_every_core_module_has_its_api_page():
 # and an entry imports only entries before it (the base first).  A new module joins a question here.
 QUESTIONS = ["sweep", "paper", "architecture", "bench", "simulate", "constancy", "case_studies", "external",
              "phi", "shape", "corpora"]
-# the command each question's analysis answers to, and its results file (runs/analysis/NAME.json)
+# the command each question's analysis answers to, and its results file (runs/analysis/FAMILY/NAME.json)
 COMMAND_OF = {"sweep": ("sweep", "runs"), "bench": ("bench",), "constancy": ("constancy", "misfit"),
               "case_studies": ("case-studies",), "external": ("external",), "shape": ("shape",),
               "corpora": ("corpora",)}
@@ -241,7 +241,7 @@ def test_one_name_per_question():
             module = cli.COMMANDS[command][0]
             assert question(module) == q, (command, module)
             source = (PACKAGE.parent / (module.replace(".", "/") + ".py")).read_text()
-            for results in re.findall(r'RESULTS = REPO / "runs" / "analysis" / "(\w+)\.json"', source):
+            for results in re.findall(r'(?:analysis_file\(|RESULTS = REPO / "runs" / "analysis" / )"([\w-]+)', source):
                 assert results == command.replace("-", "_"), (command, results)
     owned = {m for cmds in COMMAND_OF.values() for m in cmds}
     assert sorted(set(cli.COMMANDS) - owned) == ["accounting", "data", "fit", "train"]   # the core's

@@ -13,6 +13,7 @@ from looped.fit import FitError, fit
 from looped.law import Law
 from looped.studies.case_studies import analysis as ps
 from looped.studies.case_studies import paired as pp
+from looped.studies.sweep.registry import analysis_file
 
 THETA = Law(7.2, 0.108, 335.0, 0.414, 1.71, 0.64)   # A, alpha, B, beta, E, phi: close to our CPU fit
 MAIN = {2.5e12: (2, 3, 4, 5), 5e12: (3, 4, 5, 6, 7), 1e13: (4, 5, 6, 7, 8), 2.5e13: (5, 6, 7, 8, 10)}
@@ -149,7 +150,8 @@ def test_the_committed_results_rerun_in_small(tmp_path):
     out = tmp_path / "case_studies.json"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert ps.main(["--out", str(out), "--quick", "--reps", "1", "--same-runs-as", str(ps.RESULTS)]) == 0
+        same = str(analysis_file("case_studies"))
+        assert ps.main(["--out", str(out), "--quick", "--reps", "1", "--same-runs-as", same]) == 0
     quick = ps.read_results(out)
     assert set(quick["studies"]) == set(committed["studies"])
     assert quick["settings"]["run_ids"] == committed["settings"]["run_ids"]   # the sweeps' newer runs left out

@@ -9,6 +9,7 @@ import pytest
 
 from looped.studies.case_studies import analysis as paired_study
 from looped.studies.constancy import analysis as robustness
+from looped.studies.sweep.registry import analysis_file
 from looped.studies.sweep.replicates import pure_error, replicate_sd, replicate_tables
 from looped.studies.sweep.study import Study
 
@@ -38,7 +39,7 @@ def test_the_book_reads_one_pure_error_everywhere():
     error, and the paired simulation drew its noise at it."""
     main, seeds = _records()
     now = pure_error(main, *seeds)
-    paired = json.loads(paired_study.RESULTS.read_text())["settings"]
+    paired = json.loads(analysis_file("case_studies").read_text())["settings"]
     chapter4 = robustness.read_results()["summary"]
     assert paired["seed_sd"] == pytest.approx(now["seed_sd"], rel=1e-9)
     assert chapter4["seed_sd"] == pytest.approx(now["seed_sd"], rel=1e-9) and chapter4["df_pe"] == now["df_pe"]
@@ -79,6 +80,6 @@ def test_the_paired_chapters_notice_records_the_analysis_has_not_seen():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         arms = load_arms()
-    assert unused_runs(arms, paired_study.RESULTS) == 0
+    assert unused_runs(arms, analysis_file("case_studies")) == 0
     extra = arms["main"].iloc[[0]].assign(run_id="a-new-run")
-    assert unused_runs(dict(arms, main=pd.concat([arms["main"], extra])), paired_study.RESULTS) == 1
+    assert unused_runs(dict(arms, main=pd.concat([arms["main"], extra])), analysis_file("case_studies")) == 1

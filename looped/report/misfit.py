@@ -91,15 +91,17 @@ def anchor_claims(res: dict) -> dict:
     return {
         "the looped runs' free level is positive, its interval above zero": n["anchor_main_looped_level_level_lo"] > 0,
         "it moves φ up by more than the half-width of the main interval": moved > n["half_width"],
-        "the linear r = 1 controls raise φ at their budgets": n["anchor_controls_linear_phi"]
-        > n["anchor_controls_plain_phi"],
+        "the linear r = 1 controls raise φ at their budgets":   # (no controls yet: not claimed)
+            n.get("anchor_controls_linear_phi", np.nan) > n.get("anchor_controls_plain_phi", np.nan),
     }
 
 
 def injection_claims(cost: pd.DataFrame) -> dict:
     """The sentences on what the linear r = 1 controls measure (`lack_of_fit.injection_cost`)."""
-    slope = np.polyfit(np.log(cost["d_model"].to_numpy(float)), cost["cost"].to_numpy(float), 1)[0]
-    return {"the controls measure a positive cost of the linear injection at r = 1": bool((cost["cost"] > 0).all()),
+    slope = (np.polyfit(np.log(cost["d_model"].to_numpy(float)), cost["cost"].to_numpy(float), 1)[0]
+             if len(cost) > 1 else np.nan)   # no controls yet: nothing is claimed
+    return {"the controls measure a positive cost of the linear injection at r = 1":
+                bool(len(cost) and (cost["cost"] > 0).all()),
             "growing with width": bool(slope > 0)}
 
 

@@ -11,6 +11,7 @@ from .palette import OURS_COLOR, PAPER_COLOR
 MAPPINGS = {"power": "power rᵠ", "linear": "linear r", "bounded": "bounded", "free": "free (one φ per r)"}
 SETS = {"cpu-main": "ours: main study", "cpu-truncated": "ours: truncated BPTT", "cpu-hyper": "ours: hyperconnections",
         "qlabs-grid": "other lab: loop grid", "qlabs-ladders": "other lab: ladders", "paper-minima": "paper: 24 minima"}
+SETS |= {k.replace("cpu-", "cpu3-"): v.replace("ours:", "ours (v3):") for k, v in SETS.items() if k.startswith("cpu-")}
 STYLE = {  # every estimate here is a fit of ours: black and greys, told apart by line and marker
     "power": dict(color=OURS_COLOR, ls="-", marker="o"), "linear": dict(color="0.6", ls=":", marker=""),
     "bounded": dict(color=OURS_COLOR, ls="--", marker="^"), "free": dict(color="0.45", ls="none", marker="s")}
@@ -112,6 +113,10 @@ def plot_phi_equivalents(results: dict, axes, sets) -> None:
     phi = results["phi_equivalent"]
     for ax, name in zip(np.ravel(axes), sets):
         t = phi[phi.set == name]
+        ax.set_title(SETS[name], fontsize=12)
+        if t.empty:   # a study that has not run yet (the second CPU study's case studies)
+            ax.text(0.5, 0.5, "no runs yet", ha="center", va="center", transform=ax.transAxes)
+            continue
         ax.axhspan(*PAPER_PHI_CI, color=PAPER_COLOR, alpha=0.15, lw=0)
         ax.axhline(PAPER_PHI, color=PAPER_COLOR, ls="--", lw=1.2, label="the paper's φ")
         for i, (m, style) in enumerate(STYLE.items()):
@@ -127,7 +132,6 @@ def plot_phi_equivalents(results: dict, axes, sets) -> None:
         ax.set_xticks(rs, [f"{r:g}" for r in rs])
         ax.set_xlim(min(rs) / 1.3, max(rs) * 1.3)
         ax.minorticks_off()
-        ax.set_title(SETS[name], fontsize=12)
         ax.set_xlabel("r")
     first = np.ravel(axes)[0]
     first.set_ylabel("φ-equivalent")

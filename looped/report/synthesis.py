@@ -133,12 +133,14 @@ def dphi_rows(truncated, hyper, paired: dict, paper: pd.DataFrame) -> pd.DataFra
     protocol(g, truncated, "truncated_bptt")
     for study, label, verdict in (("truncated", "twins, same budget", False),
                                   ("truncated_matched", "twins, matched tokens", True)):
-        e = estimate(study, "paired")
-        rows.append(_row(g, label, "ours", e.estimate, e.lo, e.hi, verdict))
+        if study in paired["studies"]:   # (a family whose case studies have not run has none)
+            e = estimate(study, "paired")
+            rows.append(_row(g, label, "ours", e.estimate, e.lo, e.hi, verdict))
 
     g = "hyperconnections (ch. 6)"
     protocol(g, hyper, "hyperconnections_2lanes")
-    models = paired["studies"]["hyper"]["models"].set_index("model")
+    hyper_paired = paired["studies"].get("hyper")
+    models = hyper_paired["models"].set_index("model") if hyper_paired else pd.DataFrame()
     for key, label, verdict in (("width_linear", "twins, offset per width, linear anchor", True),
                                 ("width_plain", "twins, offset per width, plain anchor", False),
                                 ("none_linear", "twins, no offset", False)):

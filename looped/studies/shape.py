@@ -11,7 +11,7 @@ same resamples: the fit's cell bootstrap of the training runs (one seed, so ever
 draws) with the held-out cells resampled beside it.  The free mapping cannot price an r it never saw;
 its held-out row is the floor of any mapping ('oracle'): the held-out r's own phi fitted to the held-out
 runs, the rest of the law from the free fit of the training runs.  Every fit is `looped.fit.fit`.
-`run_all`; `looped shape --out runs/analysis/shape.json`.  Numbers only.
+`run_all`; `looped shape --out runs/analysis/FAMILY/shape.json`.  Numbers only.
 """
 from __future__ import annotations
 
@@ -34,10 +34,9 @@ from ..solver import RunArrays, law_loss, solve_restarts
 from .case_studies.protocol import case_study_runs
 from .external.runs import BATCH_TOKENS, DATA, GRID_STEPS, grid_runs, ladder_runs
 from .paper import PAPER_DIR, PAPER_LAW, runs_from_minima
-from .sweep.registry import CASE_STUDIES, FAMILIES
+from .sweep.registry import CASE_STUDIES, DEFAULT_FAMILY, FAMILIES, add_family_options, analysis_file
 from .sweep.study import Study
 
-RESULTS = REPO / "runs" / "analysis" / "shape.json"
 FULL = dict(restarts=500, bootstrap=200, boot_restarts=4, oracle_restarts=16)
 QUICK = dict(restarts=40, bootstrap=12, boot_restarts=2, oracle_restarts=4)
 PRICED = ("power", "linear", "bounded")        # the mappings that price an r they never saw
@@ -241,9 +240,10 @@ def run_all(settings=None, names=SETS, seed: int = 0, external=DATA, log=None) -
             "paper": {"phi": PAPER_LAW.phi}, "grid": {"steps": GRID_STEPS, "batch_tokens": BATCH_TOKENS}}
 
 
-def read_results(path=RESULTS) -> dict:
-    """The committed results of `looped shape`: every table as a DataFrame, the rest as written."""
-    raw = json.loads(Path(path).read_text())
+def read_results(path=None, family: str = DEFAULT_FAMILY) -> dict:
+    """The results of `looped shape` in `path` (default: the family's committed ones): every table as a
+    DataFrame, the rest as written."""
+    raw = json.loads(Path(path or analysis_file("shape", family)).read_text())
     return {k: pd.DataFrame(v) if isinstance(v, list) else v for k, v in raw.items()}
 
 
@@ -252,8 +252,7 @@ def main(argv=None) -> int:
                                  "of the power, linear, bounded and free mappings on every run set.")
     ap.add_argument("--out", required=True, help="JSON file to write")
     ap.add_argument("--quick", action="store_true", help="few restarts and resamples (CI)")
-    ap.add_argument("--family", choices=FAMILIES, default="cpu",
-                    help="whose runs: the CPU studies on corpus v2 (cpu) or on corpus v3 (cpu3)")
+    add_family_options(ap)   # whose runs
     ap.add_argument("--sets", nargs="*", help=f"run sets (default: the family's and the others: {', '.join(SETS)})")
     ap.add_argument("--external", default=str(DATA), help="folder of the qlabs tables")
     ap.add_argument("--seed", type=int, default=0, help="seed of the fits and resamples (default 0)")

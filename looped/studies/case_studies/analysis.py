@@ -1,5 +1,5 @@
 """`looped case-studies`: the paired estimators of `looped.studies.case_studies.paired` on our case studies, checked by
-simulation on our design, written to runs/analysis/case_studies.json for chapters 5 and 6.
+simulation on our design, written to runs/analysis/FAMILY/case_studies.json for chapters 5 and 6.
 
 The simulation draws both arms from the main fit's law with a known dphi, adds the main fit's real
 log residuals at each (budget, r, s) (shared by a variant run and its baseline twin, as the law's
@@ -19,12 +19,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ...config import REPO
 from ...fit import FitError, FitResult, validate_runs
 from ...io import atomic_write_json, json_ready
 from ...law import synthetic_losses
 from ...solver import HUBER_DELTA
-from ..sweep.registry import FAMILIES
+from ..sweep.registry import DEFAULT_FAMILY, FAMILIES, add_family_options, analysis_file
 from ..sweep.replicates import pure_error, replicate_tables
 from .paired import (
     load_arms,
@@ -44,7 +43,6 @@ STUDIES = ("truncated_matched", "truncated", "hyper")   # matched first: truncat
 QUICK = dict(restarts=20, bootstrap=40, boot_restarts=2, n_reps=4, sim_bootstrap=30)
 FULL = dict(restarts=100, bootstrap=1000, boot_restarts=5, n_reps=100, sim_bootstrap=200)
 
-RESULTS = REPO / "runs" / "analysis" / "case_studies.json"   # what `looped case-studies` wrote, committed
 ESTIMATORS = ("paper", "paired", "paired_offset")
 # The hyperconnection models: (offset, r = 1 anchor).  The offset is what the variant changes at
 # every r alike; the r = 1 controls measure it, as one number or one per width, against the
@@ -58,14 +56,14 @@ HYPER_MODELS = {"none_linear": (False, "linear"), "constant_linear": (True, "lin
 HEADLINE = {"truncated": ("truncated_matched", "paired"), "hyper": ("hyper", "width_linear")}
 
 
-def read_results(path=RESULTS) -> dict:
-    """The committed results of `looped case-studies`, per case study: its estimates of dphi (one row
-    per estimator, and the offset), its paired gains by r (variant minus baseline log-loss), the
-    simulation of the estimators at the headline dphi, the hyperconnection models (one row each:
-    dphi, interval, residual SD, the r = 1 pairs' mean residual and z) and truncation's split
-    (unmatched, matched and their difference on shared configurations; the data-term check);
-    plus the settings, the main fit and the run time in seconds."""
-    raw = json.loads(Path(path).read_text())
+def read_results(path=None, family: str = DEFAULT_FAMILY) -> dict:
+    """The results of `looped case-studies` in `path` (default: the family's committed ones), per case
+    study: its estimates of dphi (one row per estimator, and the offset), its paired gains by r (variant
+    minus baseline log-loss), the simulation of the estimators at the headline dphi, the hyperconnection
+    models (one row each: dphi, interval, residual SD, the r = 1 pairs' mean residual and z) and
+    truncation's split (unmatched, matched and their difference on shared configurations; the data-term
+    check); plus the settings, the main fit and the run time in seconds."""
+    raw = json.loads(Path(path or analysis_file("case_studies", family)).read_text())
     out = {"settings": raw["settings"], "main_fit": raw["main_fit"], "seconds": raw["seconds"], "studies": {}}
     for name, st in raw["studies"].items():
         if "paired" not in st:
@@ -150,12 +148,12 @@ def simulate_estimators(main_df, variant_df, true_dphi, n_reps=None, seed=0, con
 
 
 def main(argv=None) -> int:
-    """`looped case-studies --out runs/analysis/case_studies.json [--quick] [--runs runs]`."""
+    """`looped case-studies --out runs/analysis/cpu3/case_studies.json [--family cpu3] [--quick] [--runs runs]`."""
     ap = argparse.ArgumentParser(prog="looped case-studies", description="Paired case-study estimators.")
-    ap.add_argument("--out", required=True, help="results file to write (JSON), e.g. runs/analysis/case_studies.json")
+    ap.add_argument("--out", required=True,
+                    help="results file to write (JSON), e.g. runs/analysis/cpu3/case_studies.json")
     ap.add_argument("--runs", default="runs", help="folder holding the record folders of every arm (default: runs)")
-    ap.add_argument("--family", choices=FAMILIES, default="cpu",
-                    help="whose arms: the CPU studies on corpus v2 (cpu) or on corpus v3 (cpu3)")
+    add_family_options(ap)   # whose arms
     ap.add_argument("--quick", action="store_true", help="few restarts, resamples and simulation reps")
     ap.add_argument("--seed", type=int, default=0, help="seed of the fits, resamples and simulation (default 0)")
     ap.add_argument(

@@ -26,34 +26,35 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from ...config import REPO, model_config, repo_relative
+from ...config import model_config, repo_relative
 from ...fit import FitError, fit, load_runs, validate_runs
-from ...io import atomic_write_json, json_ready
+from ...io import atomic_write_json, json_numbers, json_ready, json_table
 from ...law import Law, synthetic_losses
 from ...resample import cells
 from ...solver import LAW_PARAMS
 from ..paper import PAPER_LAW, design_of, paper_grid, paper_table
-from ..sweep.registry import STUDIES, add_family_options, family_defaults, load_study
+from ..sweep.registry import DEFAULT_FAMILY, STUDIES, add_family_options, analysis_file, family_defaults, load_study
 from ..sweep.replicates import REPLICATE_STUDIES, protocol_shift, pure_error, replicate_sd, seed_and_order  # noqa: F401
 from .drift import add_budgets, phi_vs_compute, power, trend_simulation
 from .variants import NAN2, fit_multi, fit_residuals, fit_row, onehot, rmse
 
-RESULTS = REPO / "runs" / "analysis" / "constancy.json"   # what `looped constancy` wrote, committed
 HOLDOUT_COLUMNS = ["budget", "n_runs", "mean_error", "rmse", "rmse_over_seed_sd"]
 
 
-def read_results(path=RESULTS) -> dict:
-    """The committed results of `looped constancy`: every table as a DataFrame (the synthetic
-    recoveries as one table of their summaries), the summaries and settings as dicts."""
-    raw = json.loads(Path(path).read_text())
+def read_results(path=None, family: str = DEFAULT_FAMILY) -> dict:
+    """The results of `looped constancy` in `path` (default: the family's committed ones): every table as
+    a DataFrame (the synthetic recoveries as one table of their summaries), the summaries and settings as
+    dicts."""
+    raw = json.loads(Path(path or analysis_file("constancy", family)).read_text())
     gof, pvc = raw["goodness_of_fit"], raw["phi_vs_compute"]
-    out = {"robustness": pd.DataFrame(raw["robustness"]), "summary": gof["summary"], "settings": raw["settings"],
-           "synthetic": pd.DataFrame([dict(scenario=k, **v["summary"]) for k, v in raw["synthetic"].items()]),
-           "drift_calibration": raw.get("drift_calibration", {})}
-    out.update({k: pd.DataFrame(gof[k]) for k in ("by_r", "by_position", "by_role", "lobo", "residuals")})
+    out = {"robustness": json_table(raw["robustness"]), "summary": json_numbers(gof["summary"]),
+           "settings": raw["settings"],
+           "synthetic": json_table([dict(scenario=k, **v["summary"]) for k, v in raw["synthetic"].items()]),
+           "drift_calibration": json_numbers(raw.get("drift_calibration", {}))}
+    out.update({k: json_table(gof[k]) for k in ("by_r", "by_position", "by_role", "lobo", "residuals")})
     out["holdout"] = pd.DataFrame(gof.get("holdout", []), columns=HOLDOUT_COLUMNS)
-    out.update({k: pd.DataFrame(pvc[k]) for k in ("per_budget", "windows", "paper_per_budget", "paper_windows",
-                                                  "trend")})
+    out.update({k: json_table(pvc[k]) for k in ("per_budget", "windows", "paper_per_budget", "paper_windows",
+                                                "trend")})
     return out
 
 

@@ -9,7 +9,7 @@ linear-injection looped runs), with one free level for the looped runs, and, at 
 the linear r = 1 controls, with those controls in place of the plain r = 1 runs.
 conventions: phi on the paper's 24 published minima and on our runs, the LM head uncounted and
 counted in N_once, each fitted the same way on both sides.
-`python -m looped.studies.constancy.misfit --out runs/analysis/misfit.json`.  Numbers only.
+`python -m looped.studies.constancy.misfit --out runs/analysis/FAMILY/misfit.json`.  Numbers only.
 """
 from __future__ import annotations
 
@@ -25,17 +25,16 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from ...config import REPO, model_config, repo_relative
+from ...config import model_config, repo_relative
 from ...fit import FitError, fit, load_runs, validate_runs
-from ...io import atomic_write_json, json_ready
+from ...io import atomic_write_json, json_numbers, json_ready, json_table
 from ...solver import RunArrays, law_loss
 from ..paper import PAPER_DIR, runs_from_minima
-from ..sweep.registry import add_family_options, family_defaults
+from ..sweep.registry import DEFAULT_FAMILY, add_family_options, analysis_file, family_defaults
 from ..sweep.replicates import pure_error
 from .analysis import cell_position, count_embeddings
 from .variants import NAN2, fit_multi, fit_residuals, onehot
 
-RESULTS = REPO / "runs" / "analysis" / "misfit.json"   # what `looped misfit` wrote, committed
 LADDER = ("law", "kappa_r_phi", "looped_level", "per_r_phi", "per_budget_phi", "per_r_level", "per_r_laws",
           "cell_levels")
 # boot_restarts None: `looped.fit`'s literal protocol, as `looped constancy` fits the same runs (the same intervals)
@@ -44,15 +43,16 @@ QUICK = dict(restarts=40, multi_restarts=12, bootstrap=12, boot_restarts=2, mult
 MINIMA_BOOT_RESTARTS = 10   # the paper's minima resampled as chapter 3 fits them (warm starts), so it is that fit
 
 
-def read_results(path=RESULTS) -> dict:
-    """The committed results of `looped misfit`: ladder, anchors, conventions and roles as
-    DataFrames; pure_error, settings and additive_anchor (its points a DataFrame) as dicts."""
-    raw = json.loads(Path(path).read_text())
-    out = {k: pd.DataFrame(raw[k]) for k in ("ladder", "anchors", "conventions", "roles")}
+def read_results(path=None, family: str = DEFAULT_FAMILY) -> dict:
+    """The results of `looped misfit` in `path` (default: the family's committed ones): ladder, anchors,
+    conventions and roles as DataFrames; pure_error, settings and additive_anchor (its points a DataFrame)
+    as dicts."""
+    raw = json.loads(Path(path or analysis_file("misfit", family)).read_text())
+    out = {k: json_table(raw[k]) for k in ("ladder", "anchors", "conventions", "roles")}
     additive = raw.get("additive_anchor", {"n": 0})   # (results written before it was measured: none)
     if "points" in additive:
         additive = dict(additive, points=pd.DataFrame(additive["points"]))
-    return dict(out, pure_error=raw["pure_error"], settings=raw["settings"], additive_anchor=additive)
+    return dict(out, pure_error=json_numbers(raw["pure_error"]), settings=raw["settings"], additive_anchor=additive)
 
 
 def _levels(mask, names) -> dict:
@@ -160,7 +160,10 @@ def anchors(df, controls=None, restarts=500, multi_restarts=200, bootstrap=200, 
 
 def injection_cost(df, controls) -> pd.DataFrame:
     """What the linear injection costs at r = 1: each linear r = 1 control against the plain r = 1
-    main run of its (budget, s).  Columns: budget, s, d_model, cost (nats, linear minus plain)."""
+    main run of its (budget, s).  Columns: budget, s, d_model, cost (nats, linear minus plain); no rows
+    until such controls exist."""
+    if controls is None or not len(controls):
+        return pd.DataFrame(columns=["budget", "s", "d_model", "cost"], dtype=float)
     df, ctl = validate_runs(df, need=("budget", "s")), validate_runs(controls, need=("budget", "s"))
     ctl = ctl[(ctl["r"] == 1) & (ctl["injection"].astype(str) == "linear")]
     both = ctl.merge(df[df["r"] == 1], on=["budget", "s"], suffixes=("_lin", "_plain"))

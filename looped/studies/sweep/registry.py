@@ -73,14 +73,18 @@ CASE_STUDIES = {  # a main study -> its truncated-BPTT and hyperconnection case 
 # Our CPU studies come in families, one per corpus (cpu: corpus v2, cpu3: corpus v3); the part each
 # study plays in the analyses, which take a family with `--family`.
 FAMILIES = {
-    "cpu": dict(main="cpu-main", drift="cpu-drift", controls="cpu-controls", additive="cpu-additive",
-                replicates=("prose-seeds", "cpu-replicates", "cpu-order"),   # every replicate run
+    "cpu": dict(corpus="v2", manifest="prose-corpus.json", lr="prose-lr", main="cpu-main",
+                drift="cpu-drift", controls="cpu-controls", additive="cpu-additive",
+                replicates=("prose-seeds", "cpu-replicates", "cpu-order"),
                 arms=("cpu-main", "cpu-truncated", "cpu-hyper", "cpu-controls", "cpu-matched", "cpu-replicates")),
-    "cpu3": dict(main="cpu3-main", drift="cpu3-drift", controls="cpu3-controls", additive="cpu3-additive",
+    "cpu3": dict(corpus="v3", manifest="prose3-bpe2048-T128.json", lr="cpu3-lr", main="cpu3-main",
+                 drift="cpu3-drift", controls="cpu3-controls", additive="cpu3-additive",
                  replicates=("cpu3-replicates",),
                  arms=("cpu3-main", "cpu3-truncated", "cpu3-hyper", "cpu3-controls", "cpu3-matched",
                        "cpu3-replicates")),
-}   # arms: the folders the case studies' paired estimators read
+}   # corpus: its label in the book; manifest: its dataset's, under runs/; lr: its learning-rate check;
+#     replicates: every replicate run; arms: the folders the case studies' paired estimators read
+DEFAULT_FAMILY = "cpu"   # the family the commands and the book read unless told otherwise
 
 # An analysis's options whose defaults are a family's studies: option -> (part, several folders?, what)
 FAMILY_OPTIONS = {"runs": ("main", False, "runs of the main fit"),
@@ -92,8 +96,9 @@ FAMILY_OPTIONS = {"runs": ("main", False, "runs of the main fit"),
 
 def add_family_options(ap, *options: str) -> None:
     """--family, and each of `options` (`FAMILY_OPTIONS`) with the family's study as its default."""
-    ap.add_argument("--family", choices=FAMILIES, default="cpu",
-                    help="the CPU studies whose runs are the defaults below: cpu (corpus v2) or cpu3 (corpus v3)")
+    ap.add_argument("--family", choices=FAMILIES, default=DEFAULT_FAMILY,
+                    help=f"the CPU studies whose runs are the defaults below: cpu (corpus v2) or cpu3 (corpus v3); "
+                         f"default {DEFAULT_FAMILY}")
     for option in options:
         part, several, what = FAMILY_OPTIONS[option]
         ap.add_argument(f"--{option}", nargs="*" if several else None,
@@ -162,6 +167,14 @@ def study_folder(name: str) -> Path:
     """The folder of a study's run records: runs/NAME in the repository (`looped.studies.sweep.study.Study.folder`'s
     default; the one place it is spelled)."""
     return REPO / "runs" / name
+
+
+def analysis_file(name: str, family: str = DEFAULT_FAMILY) -> Path:
+    """Where `looped NAME --family FAMILY` writes its results for the book (`make analysis`), committed:
+    runs/analysis/FAMILY/NAME.json, NAME with underscores (the one place it is spelled)."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown family {family!r}; choose from {', '.join(FAMILIES)}")
+    return REPO / "runs" / "analysis" / family / f"{name.replace('-', '_')}.json"
 
 
 def parse_injection(name: str) -> tuple[str, int]:
