@@ -62,6 +62,19 @@ def robustness_frame(results: dict) -> pd.DataFrame:
                          "against the paper's": [paper_side(lo, hi) for lo, hi in zip(t.phi_lo, t.phi_hi)]})
 
 
+def drift_frame(by_corpus: dict) -> pd.DataFrame:
+    """The drift of φ with compute on each corpus ({corpus: `looped constancy` results}), one row each:
+    runs and budgets fitted (the main grid and the drift budgets joined), the slope φ₁ per decade, and
+    its two calibrated scales (jackknife over cells; simulation on the design), each with its z."""
+    rows = []
+    for corpus, res in by_corpus.items():
+        t, cal = res["trend"].set_index("data").loc["ours"], res["drift_calibration"]
+        rows.append({"corpus": corpus, "runs": int(t.n_runs), "budgets": int(t.n_budgets),
+                     "phi1": float(t.phi1), "jack_se": float(t.phi1_jack_se), "jack_z": float(t.phi1_jack_z),
+                     "sim_se": float(cal["se"]), "sim_z": float(cal["z"]), "sim_noise": float(cal["noise"])})
+    return pd.DataFrame(rows)
+
+
 def synthetic_frame(results: dict) -> pd.DataFrame:
     """Recovery of a known φ over noise draws: design, noise, true φ, bias, SD, 95% interval coverage."""
     t = results["synthetic"]
