@@ -87,7 +87,7 @@ FAMILY_CHAPTERS = ("02_sweep", "03_our_phi", "03_phi_limits", "04_constancy", "0
 def _family_default(chapter: str) -> str | None:
     import re
     text = (REPO / "book" / f"{chapter}.md").read_text()
-    cell = re.search(r":tags: \[parameters\]\n(.*?)```", text, re.S)
+    cell = re.search(r":tags: \[parameters[^\]]*\]\n(.*?)```", text, re.S)
     found = re.search(r'^family = "(\w+)"', cell.group(1), re.M) if cell else None
     return found.group(1) if found else None
 
