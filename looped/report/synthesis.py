@@ -152,6 +152,27 @@ def dphi_rows(truncated, hyper, paired: dict, paper: pd.DataFrame) -> pd.DataFra
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
+def verdicts(paired: dict, paper: pd.DataFrame) -> pd.DataFrame:
+    """Each case study's verdict estimate in one family's `looped case-studies` results, the one its
+    chapter's rule reads (truncation: the twins at matched tokens; hyperconnections: an offset per width
+    and the linear r = 1 anchor, unless its r = 1 pairs reject it), beside the paper's change of φ.
+    Columns: case_study, dphi, lo, hi, paper_dphi; NaN where the case study has not run."""
+    base = paper.loc["baseline_four_lower_budgets", "phi"]
+    rows = []
+    for name, study, fit in (("truncated backprop", "truncated_matched", "truncated_bptt"),
+                             ("hyperconnections", "hyper", "hyperconnections_2lanes")):
+        e = pd.Series({"estimate": NAN, "lo": NAN, "hi": NAN})
+        res = paired["studies"].get(study)
+        if res is not None and study == "hyper":
+            m = res["models"].set_index("model").loc["width_linear"]
+            e = m if abs(m.r1_z) <= REJECT_Z else e
+        elif res is not None:
+            e = res["estimates"].set_index("estimator").loc["paired"]
+        rows.append({"case_study": name, "dphi": float(e.estimate), "lo": float(e.lo), "hi": float(e.hi),
+                     "paper_dphi": float(paper.loc[fit, "phi"] - base)})
+    return pd.DataFrame(rows)
+
+
 def summary(phis: pd.DataFrame, dphis: pd.DataFrame) -> dict:
     """The counts the conclusion states: our distinct estimates of φ (the per-r exponents, which
     are not one φ, left out), how many lie above the paper's interval (point)
