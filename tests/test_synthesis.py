@@ -109,3 +109,18 @@ def test_the_figure_has_a_row_per_estimate_and_cuts_long_intervals(phis, dphis):
     values = synthesis.figure_values(phis, dphis)
     assert values.name.is_unique and len(values) == len(phis) + len(dphis)
     plt.close("all")
+
+
+def test_verdicts_read_each_case_study_by_its_chapters_rule_and_leave_a_missing_one_empty():
+    """Appendix C's two-corpus table: truncation's twins at matched tokens, hyperconnections' per-width
+    linear-anchored model unless its r = 1 pairs reject it, the paper's change beside; a family whose
+    case studies have not run gives NaN rows, not a KeyError."""
+    paper = case_studies.paper_fits()
+    v = synthesis.verdicts(_paired(), paper).set_index("case_study")
+    assert v.dphi.tolist() == [-0.007, -0.21] and v.lo.tolist() == [-0.027, -0.28]
+    base = paper.loc["baseline_four_lower_budgets", "phi"]
+    assert v.paper_dphi["hyperconnections"] == pytest.approx(paper.loc["hyperconnections_2lanes", "phi"] - base)
+    rejected = synthesis.verdicts(_paired((4.0, 3.5, -9.1)), paper).set_index("case_study")
+    assert np.isnan(rejected.dphi["hyperconnections"]) and rejected.dphi["truncated backprop"] == -0.007
+    empty = synthesis.verdicts({"studies": {}}, paper)
+    assert empty.dphi.isna().all() and empty.paper_dphi.notna().all()
