@@ -99,6 +99,26 @@ def test_every_chapter_on_our_studies_reads_one_family_the_commands_read_too():
     assert {c: _family_default(c) for c in FAMILY_CHAPTERS} == dict.fromkeys(FAMILY_CHAPTERS, DEFAULT_FAMILY)
 
 
+
+def test_a_case_study_chapter_judges_only_the_default_familys_own_runs():
+    """No folders named: the family's own studies, analysed once its committed results hold the arm;
+    the prose and references are judged only on the default family with the paper's fit settings."""
+    from looped.report.case_studies import chapter_runs
+    from looped.studies.case_studies.analysis import read_results
+    from looped.studies.sweep.registry import DEFAULT_FAMILY
+    for family, f in FAMILIES.items():
+        for arm, index, key in (("truncated", 0, "truncated_matched"), ("hyper", 1, "hyper")):
+            run = chapter_runs(family, arm)
+            variant = CASE_STUDIES[f["main"]][index]
+            assert (run.main_runs, run.study_runs, run.study) == (f"runs/{f['main']}", f"runs/{variant}", variant)
+            assert run.analysed == (key in read_results(family=family)["studies"])
+            assert run.reference_run == (family == DEFAULT_FAMILY)
+            assert not chapter_runs(family, arm, fit_defaults=False).reference_run
+            named = chapter_runs(family, arm, study_runs="/elsewhere/runs", study="gpu-hyper")
+            assert (named.study_runs, named.study, named.analysed, named.reference_run) == (
+                "/elsewhere/runs", "gpu-hyper", False, False)
+            assert not chapter_runs(family, arm, own_defaults=False).analysed
+
 @pytest.mark.slow
 @pytest.mark.parametrize("chapter", FAMILY_CHAPTERS)
 def test_each_chapter_runs_on_the_other_family(chapter, tmp_path):

@@ -12,15 +12,18 @@ Nothing in the package imports this module; the chapters do.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
 from .. import memory
 from ..fit import at_bounds
 from ..solver import HI, LAW_PARAMS, LO
+from ..studies.case_studies.analysis import read_results as read_paired
 from ..studies.case_studies.protocol import CaseStudy, case_study_cells, case_study_runs, token_gain
 from ..studies.paper import paper_table
-from ..studies.sweep import cost
+from ..studies.sweep import cost, registry
 from ..studies.sweep.study import Study
 from .checks import CASE_STUDY_CHANGE, CASE_STUDY_FIT, checked
 from .formatting import power_of_ten
@@ -53,6 +56,36 @@ def glue_all(values: dict) -> None:
         elif isinstance(value, (float, np.floating)):
             value = float(value)
         glue(name, value, display=False)
+
+
+# ------------------------------------------------------------------------ what a chapter reads
+
+ARMS = {"truncated": (0, "truncated_matched"), "hyper": (1, "hyper")}   # arm -> (CASE_STUDIES index, paired key)
+
+
+@dataclass(frozen=True)
+class ChapterRuns:
+    """The runs a case-study chapter reads under its parameters, and how far it may judge them."""
+    main_runs: str        # the baseline arm's run folder
+    study_runs: str       # the variant arm's run folder
+    study: str            # the variant's named grid (its token accounting)
+    analysed: bool        # the family's own runs, whose committed paired analysis has this arm
+    reference_run: bool   # the parameters the prose and the checked references were written for
+
+
+def chapter_runs(family: str, arm: str, main_runs=None, study_runs=None, study=None,
+                 own_defaults: bool = True, fit_defaults: bool = True) -> ChapterRuns:
+    """Resolve a case-study chapter's parameters: no folders named read the family's own studies
+    (`own_defaults`: the chapter's other run parameters are at their defaults too); prose and
+    references hold for the default family with the paper's fit settings (`fit_defaults`)."""
+    index, key = ARMS[arm]
+    main = registry.FAMILIES[family]["main"]
+    variant = registry.CASE_STUDIES[main][index]
+    family_run = own_defaults and (main_runs, study_runs, study) == (None, None, None)
+    analysed = (family_run and registry.analysis_file("case_studies", family).exists()
+                and key in read_paired(family=family)["studies"])
+    return ChapterRuns(main_runs or f"runs/{main}", study_runs or f"runs/{variant}", study or variant, analysed,
+                       family_run and family == registry.DEFAULT_FAMILY and fit_defaults)
 
 
 # ------------------------------------------------------------------------------- token gain
