@@ -4,7 +4,8 @@
 # budgets, seed x order, the r = 1 controls and the additive anchor, then the case studies): the
 # pure error comes before the case studies, which need it too.  Unsharded processes share a study's
 # runs through per-run locks, so N processes finish a study together and then move on.  The
-# learning-rate check's runs at the preset's multiplier are copied, not retrained (--reuse).
+# learning-rate check's runs at the preset's multiplier are copied, not retrained (--reuse), both ways:
+# the main grid adopts its r = 1 runs, and it adopts the main grid's r = 2 run.
 # Resumable: run it again after any stop; finished records are kept and a run in flight resumes
 # from its last checkpoint.  Logs: _build/cpu3-sweep/.
 #   tools/cpu3_sweep.sh                      # all studies, one process per core
@@ -22,7 +23,8 @@ for i in $(seq 1 "$N"); do
   (
     for study in $STUDIES; do
       echo "[$(date -u +%FT%TZ)] process $i: $study"
-      "$PY" -m looped sweep "$study" --reuse runs/cpu3-lr || echo "[$(date -u +%FT%TZ)] process $i: $study exited $?"
+      reuse=runs/cpu3-lr; [ "$study" = cpu3-lr ] && reuse=runs/cpu3-main   # its preset-multiplier runs at r = 2 are main's
+      "$PY" -m looped sweep "$study" --reuse "$reuse" || echo "[$(date -u +%FT%TZ)] process $i: $study exited $?"
     done
   ) >> "_build/cpu3-sweep/process-$$-$i.log" 2>&1 &
 done
