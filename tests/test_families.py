@@ -135,3 +135,38 @@ def test_each_chapter_runs_on_the_other_family(chapter, tmp_path):
     quick = {"restarts": 60, "bootstrap": 20} if "restarts" in (REPO / "book" / f"{chapter}.md").read_text() else {}
     nb = run_chapter(chapter, tmp_path / f"{chapter}.ipynb", family=other, **quick)
     assert not [o for c in nb["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"]
+
+
+def test_a_study_whose_sweep_has_begun_but_finished_nothing_is_absent(tmp_path):
+    """A sweep makes its study's folder (and checkpoints) before its first record: the analyses skip
+    such a folder as they skip a missing one, instead of stopping with 'no run-record JSON files'."""
+    from looped.studies.sweep.registry import holds_records
+    begun = tmp_path / "cpu3-replicates"
+    (begun / "ckpt").mkdir(parents=True)
+    (begun / "ckpt" / "C2.5e12_r1_s2_order43.pt").write_bytes(b"")
+    table = tmp_path / "runs.csv"
+    table.write_text("r,n_once,n_rec,tokens,loss\n")
+    assert not holds_records(begun) and not holds_records(tmp_path / "absent") and holds_records(table)
+    first = Study("cpu3-main").folder / f"{Study('cpu3-main').runs[0].run_id}.json"
+    (begun / first.name).write_text(first.read_text())
+    assert holds_records(begun)
+
+
+def test_misfit_runs_beside_a_replicate_sweep_that_has_not_finished_a_run(tmp_path, capsys):
+    from looped.studies.constancy import misfit
+    begun = tmp_path / "cpu3-replicates"
+    (begun / "ckpt").mkdir(parents=True)
+    out = tmp_path / "misfit.json"
+    assert misfit.main(["--family", "cpu3", "--quick", "--seeds", str(begun), "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["settings"]["seeds"] == []
+
+
+@pytest.mark.slow
+def test_constancy_runs_beside_a_replicate_sweep_that_has_not_finished_a_run(tmp_path):
+    """What stopped `looped constancy --family cpu3` when cpu3-replicates had begun (a minute)."""
+    from looped.studies.constancy import analysis
+    begun = tmp_path / "cpu3-replicates"
+    (begun / "ckpt").mkdir(parents=True)
+    out = tmp_path / "constancy.json"
+    assert analysis.main(["--family", "cpu3", "--quick", "--seeds", str(begun), "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["settings"]["seeds"] == []

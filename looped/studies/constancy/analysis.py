@@ -33,7 +33,8 @@ from ...law import Law, synthetic_losses
 from ...resample import cells
 from ...solver import LAW_PARAMS
 from ..paper import PAPER_LAW, design_of, paper_grid, paper_table
-from ..sweep.registry import DEFAULT_FAMILY, STUDIES, add_family_options, analysis_file, family_defaults, load_study
+from ..sweep.registry import (DEFAULT_FAMILY, STUDIES, add_family_options, analysis_file, family_defaults,
+                              holds_records, load_study)
 from ..sweep.replicates import REPLICATE_STUDIES, protocol_shift, pure_error, replicate_sd, seed_and_order  # noqa: F401
 from .drift import add_budgets, phi_vs_compute, power, trend_simulation
 from .variants import NAN2, fit_multi, fit_residuals, fit_row, onehot, rmse
@@ -286,8 +287,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     family_defaults(a, "runs", "seeds", "drift")
     settings, t0 = dict(QUICK if a.quick else FULL), time.perf_counter()
-    seeds = [p for p in a.seeds if Path(p).exists()]
-    drifts = [p for p in a.drift if Path(p).is_file() or any(Path(p).glob("*.json"))]
+    seeds, drifts = [p for p in a.seeds if holds_records(p)], [p for p in a.drift if holds_records(p)]
     try:
         tables, main = [load_runs(p) for p in seeds], load_runs(a.runs)
         drift = pd.concat([load_runs(p) for p in drifts], ignore_index=True) if drifts else None

@@ -30,7 +30,7 @@ from ...fit import FitError, fit, load_runs, validate_runs
 from ...io import atomic_write_json, json_numbers, json_ready, json_table
 from ...solver import RunArrays, law_loss
 from ..paper import PAPER_DIR, runs_from_minima
-from ..sweep.registry import DEFAULT_FAMILY, add_family_options, analysis_file, family_defaults
+from ..sweep.registry import DEFAULT_FAMILY, add_family_options, analysis_file, family_defaults, holds_records
 from ..sweep.replicates import pure_error
 from .analysis import cell_position, count_embeddings
 from .variants import NAN2, fit_multi, fit_residuals, onehot
@@ -242,9 +242,8 @@ def main(argv=None) -> int:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             main = load_runs(a.runs)
-            seeds = [load_runs(p) for p in a.seeds if Path(p).is_dir() and any(Path(p).rglob("*.json"))]
-            ctl, add = (load_runs(p) if Path(p).is_file() or any(Path(p).rglob("*.json")) else None
-                        for p in (a.controls, a.additive))
+            seeds = [load_runs(p) for p in a.seeds if holds_records(p)]
+            ctl, add = (load_runs(p) if holds_records(p) else None for p in (a.controls, a.additive))
         pe = pure_error(validate_runs(main, need=("budget",)), *seeds)
         lad, roles = ladder(main, pe, s["restarts"], s["multi_restarts"], a.seed)
         print(f"looped misfit: ladder done ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
@@ -257,7 +256,7 @@ def main(argv=None) -> int:
         return 2
     out = dict(ladder=lad, roles=roles, anchors=anc, additive_anchor=additive, conventions=conv, pure_error=pe,
                settings=dict(s, quick=a.quick, seed=a.seed, family=a.family, runs=repo_relative(a.runs),
-                             seeds=[repo_relative(p) for p in a.seeds if Path(p).exists()],
+                             seeds=[repo_relative(p) for p in a.seeds if holds_records(p)],
                              controls=repo_relative(a.controls), additive=repo_relative(a.additive),
                              seconds=time.perf_counter() - t0))
     atomic_write_json(a.out, json_ready(out), allow_nan=False)

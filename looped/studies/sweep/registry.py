@@ -105,6 +105,13 @@ def add_family_options(ap, *options: str) -> None:
                         help=f"{what}: folder{'s' if several else ''} or CSV; default: the family's {part}")
 
 
+def holds_records(path) -> bool:
+    """A runs table (a file), or a folder with at least one run record: a study whose sweep has
+    begun makes its folder (and checkpoints) before it finishes a run, and such a folder is absent."""
+    p = Path(path)
+    return p.is_file() or (p.is_dir() and any(p.glob("*.json")))
+
+
 def family_defaults(a, *options: str) -> None:
     """Fill each of `options` left unset on the command line with the folders of `a.family`'s studies."""
     family = FAMILIES[a.family]
