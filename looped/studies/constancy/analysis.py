@@ -33,8 +33,15 @@ from ...law import Law, synthetic_losses
 from ...resample import cells
 from ...solver import LAW_PARAMS
 from ..paper import PAPER_LAW, design_of, paper_grid, paper_table
-from ..sweep.registry import (DEFAULT_FAMILY, STUDIES, add_family_options, analysis_file, family_defaults,
-                              holds_records, load_study)
+from ..sweep.registry import (
+    DEFAULT_FAMILY,
+    STUDIES,
+    add_family_options,
+    analysis_file,
+    family_defaults,
+    holds_records,
+    load_study,
+)
 from ..sweep.replicates import REPLICATE_STUDIES, protocol_shift, pure_error, replicate_sd, seed_and_order  # noqa: F401
 from .drift import add_budgets, phi_vs_compute, power, trend_simulation
 from .variants import NAN2, fit_multi, fit_residuals, fit_row, onehot, rmse
