@@ -347,3 +347,11 @@ def test_seed_and_order_reads_the_second_studys_two_by_two():
     for seed in (42, 43):
         assert out[f"order_at_seed{seed}"]["mean"] == pytest.approx(-0.014, abs=2e-3)
     assert abs(out["seed_at_permuted_order"]["mean"]) < 2e-3
+
+
+def test_a_drift_is_resolved_only_when_its_weaker_scale_clears_one_percent():
+    """The verdict the book prints for a drift of phi: both calibrated scales must put it past
+    two-sided 1% (|z| > 2.576)."""
+    from looped.report.constancy import drift_verdict
+    assert drift_verdict(-3.4, -4.2) == drift_verdict(4.0, 2.6) == "resolved at the 1% level by both scales"
+    assert drift_verdict(-1.95, -2.2) == drift_verdict(-5.0, -2.5) == "suggested, not resolved"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from scipy.stats import norm
 
 from ..studies.paper import PAPER_PHI_CI
 from .fit_figures import plot_phi_forest
@@ -73,6 +74,12 @@ def drift_frame(by_corpus: dict) -> pd.DataFrame:
                      "phi1": float(t.phi1), "jack_se": float(t.phi1_jack_se), "jack_z": float(t.phi1_jack_z),
                      "sim_se": float(cal["se"]), "sim_z": float(cal["z"]), "sim_noise": float(cal["noise"])})
     return pd.DataFrame(rows)
+
+
+def drift_verdict(jack_z: float, sim_z: float) -> str:
+    """The label of a drift by its weaker calibrated scale (two-sided): resolved at 1%, or only suggested."""
+    p = 2 * norm.sf(min(abs(jack_z), abs(sim_z)))
+    return "resolved at the 1% level by both scales" if p < 0.01 else "suggested, not resolved"
 
 
 def synthetic_frame(results: dict) -> pd.DataFrame:
