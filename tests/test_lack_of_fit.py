@@ -122,3 +122,18 @@ def test_the_additive_anchor_contrast_finds_a_known_difference_in_differences():
     assert out["at_r8"]["mean"] == pytest.approx(0.03, abs=1e-3)
     assert out["difference"]["mean"] == pytest.approx(0.02, abs=1e-3) and out["difference"]["t"] > 20
     assert L.additive_anchor(lin8, lin1, None) == {"n": 0}
+
+
+def test_the_anchor_table_shows_each_fit_once_when_the_controls_cover_every_budget():
+    """With linear controls at two of four budgets (corpus v2) the controls' budgets get their own
+    refits; at every budget (v3) those refits are the main ones, so the table keeps the main rows and
+    names the linear anchor's fit by all main runs."""
+    rows = [("main", "plain", 76), ("main", "looped_level", 76), ("controls", "plain", 36),
+            ("controls", "looped_level", 36), ("controls", "linear", 36)]
+    part = pd.DataFrame(rows, columns=["design", "anchor", "n_runs"]).assign(
+        phi=0.6, phi_lo=0.5, phi_hi=0.7, level=np.nan, level_lo=np.nan, level_hi=np.nan)
+    assert len(misfit.anchor_frame({"anchors": part})) == 5
+    every = part.assign(n_runs=76)
+    shown = misfit.anchor_frame({"anchors": every})
+    assert list(shown.fit) == [misfit.ANCHORS[("main", "plain")], misfit.ANCHORS[("main", "looped_level")],
+                               misfit.ANCHORS[("every", "linear")]]

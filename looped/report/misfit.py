@@ -23,7 +23,8 @@ ANCHORS = {("main", "plain"): "all main runs, plain r = 1 runs (the paper's cons
            ("main", "looped_level"): "all main runs, a free level for the looped runs",
            ("controls", "plain"): "the controls' budgets, plain r = 1 runs",
            ("controls", "looped_level"): "the controls' budgets, a free level for the looped runs",
-           ("controls", "linear"): "the controls' budgets, linear r = 1 controls in place of the plain runs"}
+           ("controls", "linear"): "the controls' budgets, linear r = 1 controls in place of the plain runs",
+           ("every", "linear"): "all main runs, linear r = 1 controls in place of the plain runs"}
 
 
 def ladder_frame(res: dict) -> pd.DataFrame:
@@ -38,6 +39,10 @@ def ladder_frame(res: dict) -> pd.DataFrame:
 def anchor_frame(res: dict) -> pd.DataFrame:
     """φ under each r = 1 anchor, with its interval, and the free level where there is one."""
     a = res["anchors"]
+    n_runs = a.set_index(["design", "anchor"])["n_runs"]
+    if n_runs.get(("controls", "plain")) == n_runs.get(("main", "plain")):   # controls at every budget:
+        a = a[~((a["design"] == "controls") & (a["anchor"] != "linear"))]   # its refits repeat the main ones
+        a = a.assign(design=a["design"].replace("controls", "every"))
     names = [ANCHORS[(d, k)] for d, k in zip(a["design"], a["anchor"])]
     return pd.DataFrame({"fit": names, "runs": a["n_runs"], "phi": a["phi"], "phi_lo": a["phi_lo"],
                          "phi_hi": a["phi_hi"], "level": a["level"], "level_lo": a["level_lo"],
