@@ -355,3 +355,12 @@ def test_a_drift_is_resolved_only_when_its_weaker_scale_clears_one_percent():
     from looped.report.constancy import drift_verdict
     assert drift_verdict(-3.4, -4.2) == drift_verdict(4.0, 2.6) == "resolved at the 1% level by both scales"
     assert drift_verdict(-1.95, -2.2) == drift_verdict(-5.0, -2.5) == "suggested, not resolved"
+
+
+def test_the_seed_order_effects_read_the_committed_v3_design():
+    """The four effects of cpu3-replicates' seed x order design, one row each, from the committed analysis."""
+    from looped.report.constancy import seed_order_effects
+    so = R.read_results(family="cpu3")["summary"]["seed_order"]
+    effects = seed_order_effects(so)
+    assert list(effects.effect) == ["order42", "order43", "seed_fixed", "seed_perm"]
+    assert (effects.n == so["n_configs"]).all() and effects.t.abs().max() < 2

@@ -82,6 +82,16 @@ def drift_verdict(jack_z: float, sim_z: float) -> str:
     return "resolved at the 1% level by both scales" if p < 0.01 else "suggested, not resolved"
 
 
+SEED_ORDER_EFFECTS = {"order42": "order_at_seed42", "order43": "order_at_seed43",
+                      "seed_fixed": "seed_at_fixed_order", "seed_perm": "seed_at_permuted_order"}
+
+
+def seed_order_effects(seed_order: dict) -> pd.DataFrame:
+    """The four effects of a seed x data-order design (`replicates.seed_and_order`), one row each
+    under its short name: mean (nats), se, t, n."""
+    return pd.DataFrame([dict(effect=name, **seed_order[key]) for name, key in SEED_ORDER_EFFECTS.items()])
+
+
 def synthetic_frame(results: dict) -> pd.DataFrame:
     """Recovery of a known φ over noise draws: design, noise, true φ, bias, SD, 95% interval coverage."""
     t = results["synthetic"]
