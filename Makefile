@@ -72,11 +72,14 @@ notebooks: venv  ## regenerate the executed nbval references book/NN_*.ipynb fro
 # v3) into runs/analysis/FAMILY/ (about 40 min a family on two cores, measured 3.7 + 16 + 17 for shape on cpu),
 # then `looped corpora` (1.6 min) and the chapters that read their results: run it when new runs have landed, and
 # commit runs/analysis and book/.  One family: make analysis FAMILIES=cpu3
+# The case studies' simulation refits its replications on JOBS processes (the same numbers on any JOBS).
 FAMILIES ?= cpu cpu3
+JOBS ?= $(shell nproc)
 analysis: venv  ## rerun `looped constancy`, `misfit`, `case-studies`, `shape` per family and `corpora`, then regenerate the chapters that read them
 	set -e; for f in $(FAMILIES); do \
 	  for a in constancy misfit case-studies shape; do \
-	    $(PY) -m looped $$a --family $$f --out runs/analysis/$$f/$$(echo $$a | tr - _).json; \
+	    jobs=; [ $$a = case-studies ] && jobs="--jobs $(JOBS)"; \
+	    $(PY) -m looped $$a --family $$f $$jobs --out runs/analysis/$$f/$$(echo $$a | tr - _).json; \
 	  done; \
 	done
 	$(PY) -m looped corpora --out runs/analysis/corpora.json

@@ -123,6 +123,9 @@ def test_simulation_and_cli_quick(tmp_path):
     assert set(sim["estimator"]) == {"paired", "paired_offset", "paired_offset:offset", "paper"}
     assert sim["n_reps"].eq(2).all() and sim[["bias", "sd", "coverage"]].notna().all().all()
     assert abs(sim.set_index("estimator").loc["paired", "bias"]) < 0.05
+    # two processes refit the same draws: the same numbers to the last digit
+    twice = ps.simulate_estimators(main, var, 0.2, n_reps=2, seed=1, quick=True, jobs=2)
+    pd.testing.assert_frame_equal(sim.attrs["raw"], twice.attrs["raw"])
     for folder, df in (("cpu-main", main), ("cpu-truncated", var)):
         (tmp_path / folder).mkdir()
         for i, row in df.iterrows():

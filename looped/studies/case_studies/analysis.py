@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
 import sys
 import time
 from dataclasses import asdict
@@ -100,13 +101,39 @@ def synthetic(law: FitResult, df, dphi=0.0, offset=0.0, resid=None, noise_sd=0.0
     return out
 
 
+def parallel_map(fn, tasks: list, jobs: int = 1) -> list:
+    """[fn(t) for t in tasks], on `jobs` forked processes when jobs > 1 (results in task order).  The
+    fitter is single-threaded numpy, so processes, not threads, use the other cores."""
+    if jobs <= 1 or len(tasks) <= 1:
+        return [fn(t) for t in tasks]
+    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    with ctx.Pool(min(jobs, len(tasks))) as pool:
+        return pool.map(fn, tasks, chunksize=1)
+
+
+def _estimate_rep(task) -> list[dict]:
+    """Every estimator on one simulated replication (m, v, c): one task of simulate_estimators."""
+    rep, m, v, c, kw, width = task
+    law = main_law(m, **kw)
+    ests = {"paired": paired_estimate(m, v, c, False, law, **kw)["dphi"]}
+    both = paired_estimate(m, v, c, True, law, **kw)
+    ests["paired_offset"], ests["paired_offset:offset"] = both["dphi"], both["offset"]
+    ests["paper"] = paper_protocol(m, v, **kw)
+    if width:
+        ests["width_linear"] = paired_estimate(m, v, c, "width", law, **kw)["dphi"]
+    return [dict(rep=rep, estimator=name, **asdict(e)) for name, e in ests.items()]
+
+
 def simulate_estimators(main_df, variant_df, true_dphi, n_reps=None, seed=0, controls=None, true_offset=0.0,
-                        noise_sd=0.011, quick=False, restarts=None, bootstrap=None, boot_restarts=None, width=False):
+                        noise_sd=0.011, quick=False, restarts=None, bootstrap=None, boot_restarts=None, width=False,
+                        jobs=1):
     """Bias, SD, RMSE and 95% coverage of the paired (with and without offset) and paper-protocol
     estimators on our design: both arms from the main fit's law with a known dphi (and offset),
     the main fit's real log residuals shared at each (budget, r, s), and seed noise (nats).
     `width`: also the model with one offset per width ('width_linear', against `controls`).
     n_reps / restarts / bootstrap default to FULL, or to QUICK (few of each) with `quick`.
+    `jobs` processes refit the replications; the numbers do not depend on it (every draw is made
+    here, in order, and each refit is seeded by its replication).
     One row per estimator ('paired_offset:offset' is the offset); attrs['raw'] holds every rep."""
     cfg = QUICK if quick else FULL
     n_reps, restarts, bootstrap = (
@@ -116,21 +143,14 @@ def simulate_estimators(main_df, variant_df, true_dphi, n_reps=None, seed=0, con
     )
     boot_restarts = cfg["boot_restarts"] if boot_restarts is None else boot_restarts
     law0 = main_law(main_df, restarts, seed)
-    resid, rng, rows = law_residuals(law0, main_df), np.random.default_rng(seed), []
+    resid, rng, tasks = law_residuals(law0, main_df), np.random.default_rng(seed), []
     for rep in range(n_reps):
         m = synthetic(law0, main_df, resid=resid, noise_sd=noise_sd, rng=rng)
         v = synthetic(law0, variant_df, true_dphi, true_offset, resid, noise_sd, rng)
         c = None if controls is None or not len(controls) else synthetic(law0, controls, 0.0, 0.0, resid, noise_sd, rng)
         kw = dict(restarts=restarts, bootstrap=bootstrap, boot_restarts=boot_restarts, seed=seed + rep)
-        law = main_law(m, **kw)
-        ests = {"paired": paired_estimate(m, v, c, False, law, **kw)["dphi"]}
-        both = paired_estimate(m, v, c, True, law, **kw)
-        ests["paired_offset"], ests["paired_offset:offset"] = both["dphi"], both["offset"]
-        ests["paper"] = paper_protocol(m, v, **kw)
-        if width:
-            ests["width_linear"] = paired_estimate(m, v, c, "width", law, **kw)["dphi"]
-        for name, e in ests.items():
-            rows.append(dict(rep=rep, estimator=name, **asdict(e)))
+        tasks.append((rep, m, v, c, kw, width))
+    rows = [row for rep_rows in parallel_map(_estimate_rep, tasks, jobs) for row in rep_rows]
     raw = pd.DataFrame(rows)
     raw["true"] = np.where(raw["estimator"].str.endswith(":offset"), true_offset, true_dphi)
     raw["covered"] = (raw["lo"] <= raw["true"]) & (raw["true"] <= raw["hi"])
@@ -160,10 +180,14 @@ def main(argv=None) -> int:
         "--seed-sd", type=float, default=None, help="simulation noise (nats); default: measured, else 0.011"
     )
     ap.add_argument("--reps", type=int, default=None, help="simulation replications (default: 100, --quick 4)")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="processes refitting the simulation's replications (default 1; the numbers do not change)")
     ap.add_argument("--same-runs-as", default=None, metavar="JSON",
                     help="a results file of this command: rerun on exactly the runs it used (sweeps add runs)")
     ap.add_argument("--true-dphi", type=float, default=None, help="default: each study's paired estimate")
     a = ap.parse_args(argv)
+    if a.jobs < 1:
+        ap.error(f"--jobs must be at least 1, not {a.jobs}")
     t0, cfg = time.perf_counter(), dict(QUICK if a.quick else FULL)
     if a.reps:
         cfg["n_reps"] = a.reps
@@ -217,7 +241,7 @@ def main(argv=None) -> int:
                 true = a.true_dphi if a.true_dphi is not None else float(np.clip(head.estimate, -1, 1))
                 t1 = time.perf_counter()
                 sim = simulate_estimators(main_df, var, true, cfg["n_reps"], a.seed, ctl, 0.0, noise, a.quick,
-                                          width=name == "hyper")
+                                          width=name == "hyper", jobs=a.jobs)
                 out["simulation"][name] = {"true_dphi": true, "seconds": time.perf_counter() - t1, "summary": sim}
     except FitError as e:
         print(f"looped case-studies: error: {e}", file=sys.stderr)
