@@ -137,3 +137,16 @@ def test_the_anchor_table_shows_each_fit_once_when_the_controls_cover_every_budg
     shown = misfit.anchor_frame({"anchors": every})
     assert list(shown.fit) == [misfit.ANCHORS[("main", "plain")], misfit.ANCHORS[("main", "looped_level")],
                                misfit.ANCHORS[("every", "linear")]]
+
+
+def test_controls_at_every_budget_reuse_the_main_fits(lawful):
+    """When the linear r = 1 controls cover every budget (v3's design), the 'controls' design is the
+    main runs again: its plain and free-level rows are the main ones, not refitted; 'linear' is fitted."""
+    main, _, ctl = lawful
+    everywhere = pd.concat([ctl.assign(budget=b) for b in sorted(main["budget"].unique())], ignore_index=True)
+    a = L.anchors(main, everywhere, bootstrap=4, boot_restarts=1, multi_boot_restarts=1, **QUICK)
+    rows = a.set_index(["design", "anchor"])
+    for anchor in ("plain", "looped_level"):
+        assert rows.loc[("controls", anchor)].equals(rows.loc[("main", anchor)])
+    linear = (everywhere["r"] == 1) & (everywhere["injection"].astype(str) == "linear")
+    assert rows.loc[("controls", "linear"), "n_runs"] == (main["r"] > 1).sum() + linear.sum()

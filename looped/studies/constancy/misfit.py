@@ -140,15 +140,19 @@ def anchors(df, controls=None, restarts=500, multi_restarts=200, bootstrap=200, 
         linear = pd.concat([sub[sub["r"] > 1], ctl], ignore_index=True)
     rows = []
     for design, runs in designs.items():
-        kw = dict(restarts=multi_restarts, seed=seed, bootstrap=bootstrap, boot_restarts=multi_boot_restarts)
-        plain = fit(runs, restarts=restarts, seed=seed, bootstrap=bootstrap, boot_restarts=boot_restarts)
-        rows.append(dict(design=design, anchor="plain", n_runs=len(runs), phi=plain.phi,
-                         **dict(zip(("phi_lo", "phi_hi"), plain.ci.get("phi", NAN2))),
-                         rmse=float(np.sqrt(np.mean(fit_residuals(plain, runs) ** 2)))))
-        lv = {"looped": (runs["r"].to_numpy(float) > 1).astype(float)}
-        m = fit_multi(runs, np.ones((len(runs), 1)), ["phi"], levels=lv, **kw)
-        rows.append(dict(design=design, anchor="looped_level", **m.row("phi"),
-                         level=m.params["looped"], **dict(zip(("level_lo", "level_hi"), m.ci.get("looped", NAN2)))))
+        if design == "controls" and len(runs) == len(df):   # controls at every budget: the main fits again
+            rows += [dict(row, design=design) for row in rows if row["design"] == "main"]
+        else:
+            kw = dict(restarts=multi_restarts, seed=seed, bootstrap=bootstrap, boot_restarts=multi_boot_restarts)
+            plain = fit(runs, restarts=restarts, seed=seed, bootstrap=bootstrap, boot_restarts=boot_restarts)
+            rows.append(dict(design=design, anchor="plain", n_runs=len(runs), phi=plain.phi,
+                             **dict(zip(("phi_lo", "phi_hi"), plain.ci.get("phi", NAN2))),
+                             rmse=float(np.sqrt(np.mean(fit_residuals(plain, runs) ** 2)))))
+            lv = {"looped": (runs["r"].to_numpy(float) > 1).astype(float)}
+            m = fit_multi(runs, np.ones((len(runs), 1)), ["phi"], levels=lv, **kw)
+            rows.append(dict(design=design, anchor="looped_level", **m.row("phi"),
+                             level=m.params["looped"],
+                             **dict(zip(("level_lo", "level_hi"), m.ci.get("looped", NAN2)))))
         if design == "controls":
             lin = fit(linear, restarts=restarts, seed=seed, bootstrap=bootstrap, boot_restarts=boot_restarts)
             rows.append(dict(design=design, anchor="linear", n_runs=len(linear), phi=lin.phi,
