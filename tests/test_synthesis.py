@@ -122,5 +122,26 @@ def test_verdicts_read_each_case_study_by_its_chapters_rule_and_leave_a_missing_
     assert v.paper_dphi["hyperconnections"] == pytest.approx(paper.loc["hyperconnections_2lanes", "phi"] - base)
     rejected = synthesis.verdicts(_paired((4.0, 3.5, -9.1)), paper).set_index("case_study")
     assert np.isnan(rejected.dphi["hyperconnections"]) and rejected.dphi["truncated backprop"] == -0.007
+    assert rejected.status.tolist() == ["read", "rejected"]
     empty = synthesis.verdicts({"studies": {}}, paper)
     assert empty.dphi.isna().all() and empty.paper_dphi.notna().all()
+
+
+def test_a_verdict_carries_over_only_when_both_corpora_read_it_alike():
+    """Appendix C's reading of the case studies on two corpora: where each interval lies against zero
+    and against the paper's change; a corpus without the analysis is 'not analysed', not a verdict."""
+    paper = case_studies.paper_fits()
+    v2 = synthesis.verdicts(_paired(), paper).assign(corpus="v2")
+    v3 = v2.assign(corpus="v3", dphi=[0.004, -0.21], lo=[-0.02, -0.28], hi=[0.03, 0.05])
+    cases = pd.concat([v2, v3]).set_index(["corpus", "case_study"])
+    out = synthesis.carry_over(cases)
+    assert out.loc["hyperconnections", "v2"].startswith("below zero")
+    assert out.loc["hyperconnections", "v3"].startswith("holds zero")
+    assert out.verdict.tolist() == ["carries over", "does not carry over"]
+    missing = pd.concat([v2, synthesis.verdicts({"studies": {}}, paper).assign(corpus="v3")])
+    out = synthesis.carry_over(missing.set_index(["corpus", "case_study"]))
+    assert (out.v3 == "not analysed").all() and (out.verdict == "not analysed").all()
+    rejected = synthesis.verdicts(_paired((4.0, 3.5, -9.1)), paper).assign(corpus="v3")
+    out = synthesis.carry_over(pd.concat([v2, rejected]).set_index(["corpus", "case_study"]))
+    assert out.loc["hyperconnections"].tolist() == ["below zero, excludes the paper's", "rejected",
+                                                    "does not carry over"]

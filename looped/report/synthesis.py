@@ -156,21 +156,46 @@ def verdicts(paired: dict, paper: pd.DataFrame) -> pd.DataFrame:
     """Each case study's verdict estimate in one family's `looped case-studies` results, the one its
     chapter's rule reads (truncation: the twins at matched tokens; hyperconnections: an offset per width
     and the linear r = 1 anchor, unless its r = 1 pairs reject it), beside the paper's change of φ.
-    Columns: case_study, dphi, lo, hi, paper_dphi; NaN where the case study has not run."""
+    Columns: case_study, dphi, lo, hi, paper_dphi, status ('read', 'not run', or 'rejected' by the
+    r = 1 pairs); dphi, lo, hi NaN unless read."""
     base = paper.loc["baseline_four_lower_budgets", "phi"]
     rows = []
     for name, study, fit in (("truncated backprop", "truncated_matched", "truncated_bptt"),
                              ("hyperconnections", "hyper", "hyperconnections_2lanes")):
-        e = pd.Series({"estimate": NAN, "lo": NAN, "hi": NAN})
+        e, status = pd.Series({"estimate": NAN, "lo": NAN, "hi": NAN}), "not run"
         res = paired["studies"].get(study)
         if res is not None and study == "hyper":
             m = res["models"].set_index("model").loc["width_linear"]
-            e = m if abs(m.r1_z) <= REJECT_Z else e
+            e, status = (m, "read") if abs(m.r1_z) <= REJECT_Z else (e, "rejected")
         elif res is not None:
-            e = res["estimates"].set_index("estimator").loc["paired"]
+            e, status = res["estimates"].set_index("estimator").loc["paired"], "read"
         rows.append({"case_study": name, "dphi": float(e.estimate), "lo": float(e.lo), "hi": float(e.hi),
-                     "paper_dphi": float(paper.loc[fit, "phi"] - base)})
+                     "paper_dphi": float(paper.loc[fit, "phi"] - base), "status": status})
     return pd.DataFrame(rows)
+
+
+def verdict_reading(row) -> str:
+    """What one verdict estimate says, in the words appendix C compares across corpora: where its
+    interval lies against zero and against the paper's change; 'not analysed' or 'rejected' where
+    there is no estimate to read."""
+    if row["status"] != "read":
+        return {"not run": "not analysed"}.get(row["status"], row["status"])
+    side = "below zero" if row["hi"] < 0 else "above zero" if row["lo"] > 0 else "holds zero"
+    paper = "holds" if row["lo"] <= row["paper_dphi"] <= row["hi"] else "excludes"
+    return f"{side}, {paper} the paper's"
+
+
+def carry_over(cases: pd.DataFrame, first: str = "v2", second: str = "v3") -> pd.DataFrame:
+    """Each case study's verdict on two corpora (`verdicts` rows indexed by (corpus, case_study)):
+    the reading of each and whether it carries over ('carries over', 'does not carry over', or
+    'not analysed' while either corpus lacks it)."""
+    rows = []
+    for name in cases.loc[first].index:
+        a, b = verdict_reading(cases.loc[(first, name)]), verdict_reading(cases.loc[(second, name)])
+        same = ("not analysed" if "not analysed" in (a, b) else "carries over" if a == b
+                else "does not carry over")
+        rows.append({"case_study": name, first: a, second: b, "verdict": same})
+    return pd.DataFrame(rows).set_index("case_study")
 
 
 def summary(phis: pd.DataFrame, dphis: pd.DataFrame) -> dict:
