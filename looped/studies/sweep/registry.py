@@ -84,7 +84,7 @@ FAMILIES = {
                        "cpu3-replicates")),
 }   # corpus: its label in the book; manifest: its dataset's, under runs/; lr: its learning-rate check;
 #     replicates: every replicate run; arms: the folders the case studies' paired estimators read
-DEFAULT_FAMILY = "cpu"   # the family the commands and the book read unless told otherwise
+DEFAULT_FAMILY = "cpu3"   # the family the commands and the book read unless told otherwise
 
 # An analysis's options whose defaults are a family's studies: option -> (part, several folders?, what)
 FAMILY_OPTIONS = {"runs": ("main", False, "runs of the main fit"),
