@@ -53,17 +53,18 @@ def test_an_unknown_family_is_one_line_and_exit_2(command, capsys):
 def test_an_analysis_defaults_to_its_familys_studies_and_keeps_what_is_given():
     import argparse
 
-    from looped.studies.sweep.registry import add_family_options, family_defaults, study_folder
+    from looped.studies.sweep.registry import DEFAULT_FAMILY, add_family_options, family_defaults, study_folder
     ap = argparse.ArgumentParser()
     add_family_options(ap, "runs", "seeds", "drift", "controls", "additive")
-    a = ap.parse_args(["--family", "cpu3", "--controls", "my/controls.csv"])
+    a = ap.parse_args(["--family", "cpu", "--controls", "my/controls.csv"])   # the other family, by name
     family_defaults(a, "runs", "seeds", "drift", "controls", "additive")
-    assert a.runs == str(study_folder("cpu3-main")) and a.seeds == [str(study_folder("cpu3-replicates"))]
-    assert a.drift == [str(study_folder("cpu3-drift"))] and a.additive == str(study_folder("cpu3-additive"))
+    assert a.runs == str(study_folder("cpu-main"))
+    assert a.seeds == [str(study_folder(s)) for s in FAMILIES["cpu"]["replicates"]]
+    assert a.drift == [str(study_folder("cpu-drift"))] and a.additive == str(study_folder("cpu-additive"))
     assert a.controls == "my/controls.csv"
     b = ap.parse_args(["--seeds"])   # given empty: no replicate runs, not the default ones
     family_defaults(b, "seeds")
-    assert b.seeds == [] and b.family == "cpu"
+    assert b.seeds == [] and b.family == DEFAULT_FAMILY
 
 
 def test_each_familys_results_have_one_place_the_book_reads():

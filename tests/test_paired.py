@@ -135,7 +135,7 @@ def test_simulation_and_cli_quick(tmp_path):
     out = tmp_path / "case_studies.json"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert ps.main(["--out", str(out), "--runs", str(tmp_path), "--quick", "--reps", "1"]) == 0
+        assert ps.main(["--out", str(out), "--runs", str(tmp_path), "--family", "cpu", "--quick", "--reps", "1"]) == 0
     res = json.loads(out.read_text())
     assert set(res["studies"]) == {"truncated"} and res["settings"]["quick"]
     assert res["studies"]["truncated"]["paired"]["estimate"] == pytest.approx(0.2, abs=1e-3)
