@@ -224,3 +224,12 @@ def test_paired_difference_and_the_token_check_on_a_law_that_prices_tokens_right
     assert check["observed"] < -0.01 and abs(check["difference"]) < 1e-9
     mispriced = more.assign(loss=more["loss"] * np.exp(0.002))        # extra tokens worth less than the law says
     assert pp.token_term_check(mispriced, fewer, THETA)["difference"] == pytest.approx(0.002, abs=1e-9)
+
+
+def test_chapter_5_reads_the_laws_price_of_tokens_by_its_sign_and_t():
+    from looped.report.case_studies import token_labels
+    over = token_labels({"predicted": -0.0165, "observed": -0.0150, "t": 1.6})
+    assert over["token_prices"] == "overprices" and over["token_resolved"] == "not resolved"
+    assert over["token_overprice"] == pytest.approx(0.1)
+    under = token_labels({"predicted": -0.012, "observed": -0.015, "t": -2.5})
+    assert under == {"token_overprice": pytest.approx(0.2), "token_prices": "underprices", "token_resolved": "resolved"}

@@ -71,6 +71,8 @@ def test_the_case_study_guards_fail_on_perturbed_records():
     assert all(page.cost_trend_claims(gain_trend(pairs(arms["main"], matched))).values())
     grows = matched.assign(loss=matched["loss"] + 0.01 * np.log2(matched["r"]))
     assert not any(page.cost_trend_claims(gain_trend(pairs(arms["main"], grows))).values())
+    assert page.cost_trend_labels(gain_trend(pairs(arms["main"], grows))) == {
+        "cost_trend_direction": "rises", "cost_trend_resolved": "resolved"}
 
 
 def test_the_paired_chapters_notice_records_the_analysis_has_not_seen():

@@ -314,8 +314,22 @@ def cells_table(cs: CaseStudy, baseline: str, variant: str) -> tuple[Table, pd.D
 
 def cost_trend_claims(trend: dict) -> dict:
     """Chapter 5's sentence on truncation's cost at matched tokens against r (`paired.gain_trend`
-    of the twin pairs, from the records), with whether the slope supports it."""
-    return {"no sign of a cost that grows with r; a fall is not resolved": trend["slope"] < 0 and abs(trend["t"]) < 2}
+    of the twin pairs, from the records): a lower φ would make the cost grow with r."""
+    return {"no resolved rise of the cost with r": not (trend["slope"] > 0 and trend["t"] >= 2)}
+
+
+def cost_trend_labels(trend: dict) -> dict:
+    """How chapter 5 reads that slope: its direction, and whether |t| >= 2 resolves it."""
+    return {"cost_trend_direction": "falls" if trend["slope"] < 0 else "rises",
+            "cost_trend_resolved": "resolved" if abs(trend["t"]) >= 2 else "not resolved"}
+
+
+def token_labels(tokens: dict) -> dict:
+    """Chapter 5's reading of the law's data term on the twin pairs (`paired.token_term_check`): how
+    much it over- (or under-) prices the extra tokens, and whether |t| >= 2 resolves that."""
+    over = tokens["predicted"] / tokens["observed"] - 1
+    return {"token_overprice": abs(over), "token_prices": "overprices" if over > 0 else "underprices",
+            "token_resolved": "resolved" if abs(tokens["t"]) >= 2 else "not resolved"}
 
 
 def noise_claims(models: pd.DataFrame, pair_noise: float) -> dict:
