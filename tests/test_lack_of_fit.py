@@ -137,6 +137,7 @@ def test_the_anchor_table_shows_each_fit_once_when_the_controls_cover_every_budg
     shown = misfit.anchor_frame({"anchors": every})
     assert list(shown.fit) == [misfit.ANCHORS[("main", "plain")], misfit.ANCHORS[("main", "looped_level")],
                                misfit.ANCHORS[("every", "linear")]]
+    assert list(shown.index) == [0, 1, 2]   # a fresh index: the table shows none
 
 
 def test_controls_at_every_budget_reuse_the_main_fits(lawful):

@@ -46,7 +46,7 @@ def anchor_frame(res: dict) -> pd.DataFrame:
     names = [ANCHORS[(d, k)] for d, k in zip(a["design"], a["anchor"])]
     return pd.DataFrame({"fit": names, "runs": a["n_runs"], "phi": a["phi"], "phi_lo": a["phi_lo"],
                          "phi_hi": a["phi_hi"], "level": a["level"], "level_lo": a["level_lo"],
-                         "level_hi": a["level_hi"]})
+                         "level_hi": a["level_hi"]}).reset_index(drop=True)   # rows dropped above: 0..n-1 again
 
 
 def numbers(res: dict) -> dict:
