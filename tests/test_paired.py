@@ -233,3 +233,16 @@ def test_chapter_5_reads_the_laws_price_of_tokens_by_its_sign_and_t():
     assert over["token_overprice"] == pytest.approx(0.1)
     under = token_labels({"predicted": -0.012, "observed": -0.015, "t": -2.5})
     assert under == {"token_overprice": pytest.approx(0.2), "token_prices": "underprices", "token_resolved": "resolved"}
+
+
+def test_chapter_6_reads_the_plain_anchor_by_its_controls_and_the_sign_by_both_anchors():
+    from looped.report.case_studies import anchor_labels
+
+    def models(plain_z, plain_hi):
+        return pd.DataFrame({"model": ["width_linear", "width_plain", "constant_plain"],
+                             "estimate": [-0.26, 0.02, 0.03], "lo": [-0.32, -0.11, -0.03],
+                             "hi": [-0.18, plain_hi, 0.11], "r1_z": [-0.5, plain_z, 1.2]})
+    assert anchor_labels(models(2.0, 0.12)) == {"hc_plain_controls": "accept",
+                                                "hc_anchor_effect": "the anchor decides whether they lower it"}
+    assert anchor_labels(models(4.0, -0.01)) == {"hc_plain_controls": "split on",
+                                                 "hc_anchor_effect": "with either anchor they lower it"}

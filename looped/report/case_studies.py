@@ -28,6 +28,7 @@ from ..studies.sweep.study import Study
 from .checks import CASE_STUDY_CHANGE, CASE_STUDY_FIT, checked
 from .formatting import power_of_ten
 from .palette import LEGEND_FONTSIZE, OURS_COLOR, SYMBOLS, r_color
+from .synthesis import REJECT_Z
 from .tables import Table
 
 NAN = float("nan")
@@ -338,6 +339,18 @@ def noise_claims(models: pd.DataFrame, pair_noise: float) -> dict:
     m = models.set_index("model") if "model" in models.columns else models
     return {"the per-width model fits close to pair noise": m.loc["width_linear", "resid_sd"] < 1.5 * pair_noise,
             "the model without an offset does not": m.loc["none_linear", "resid_sd"] > 3 * pair_noise,
-            "the controls reject both plain-anchored models":
-                m.loc[["width_plain", "constant_plain"], "r1_z"].min() > 3,
-            "and not the linear per-width one": abs(m.loc["width_linear", "r1_z"]) < 3}
+            "the controls accept the linear per-width model": abs(m.loc["width_linear", "r1_z"]) <= REJECT_Z}
+
+
+def anchor_labels(models: pd.DataFrame) -> dict:
+    """Chapter 6's reading of the plain r = 1 anchor: what its controls say of its two models
+    ('reject' or 'accept' both, or 'split on' them, by the 3-SE rule), and whether the anchor
+    decides the sign (the linear and plain per-width intervals on two sides of zero, or not)."""
+    m = models.set_index("model") if "model" in models.columns else models
+    z = m.loc[["width_plain", "constant_plain"], "r1_z"].abs()
+    said = "reject" if (z > REJECT_Z).all() else "accept" if (z <= REJECT_Z).all() else "split on"
+    lin, plain = m.loc["width_linear"], m.loc["width_plain"]
+    lower = [row["hi"] < 0 for row in (lin, plain)]
+    effect = ("with either anchor they lower it" if all(lower)
+              else "the anchor decides whether they lower it" if any(lower) else "with neither anchor do they lower it")
+    return {"hc_plain_controls": said, "hc_anchor_effect": effect}
