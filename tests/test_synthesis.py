@@ -132,12 +132,15 @@ def test_a_verdict_carries_over_only_when_both_corpora_read_it_alike():
     and against the paper's change; a corpus without the analysis is 'not analysed', not a verdict."""
     paper = case_studies.paper_fits()
     v2 = synthesis.verdicts(_paired(), paper).assign(corpus="v2")
-    v3 = v2.assign(corpus="v3", dphi=[0.004, -0.21], lo=[-0.02, -0.28], hi=[0.03, 0.05])
+    v3 = v2.assign(corpus="v3", dphi=[-0.006, 0.1], lo=[-0.011, -0.1], hi=[-0.002, 0.3])   # overlapping v2
     cases = pd.concat([v2, v3]).set_index(["corpus", "case_study"])
     out = synthesis.carry_over(cases)
     assert out.loc["hyperconnections", "v2"].startswith("below zero")
-    assert out.loc["hyperconnections", "v3"].startswith("holds zero")
+    assert out.loc["hyperconnections", "v3"] == "holds zero, holds the paper's"
+    assert out.loc["truncated backprop", "v3"] == "below zero, excludes the paper's"   # v2's holds zero
     assert out.verdict.tolist() == ["carries over", "does not carry over"]
+    apart = pd.concat([v2, v3.assign(lo=[0.02, -0.1], hi=[0.04, 0.3])]).set_index(["corpus", "case_study"])
+    assert synthesis.carry_over(apart).verdict.tolist() == ["does not carry over"] * 2   # disjoint intervals
     missing = pd.concat([v2, synthesis.verdicts({"studies": {}}, paper).assign(corpus="v3")])
     out = synthesis.carry_over(missing.set_index(["corpus", "case_study"]))
     assert (out.v3 == "not analysed").all() and (out.verdict == "not analysed").all()

@@ -187,13 +187,19 @@ def verdict_reading(row) -> str:
 
 def carry_over(cases: pd.DataFrame, first: str = "v2", second: str = "v3") -> pd.DataFrame:
     """Each case study's verdict on two corpora (`verdicts` rows indexed by (corpus, case_study)):
-    the reading of each and whether it carries over ('carries over', 'does not carry over', or
-    'not analysed' while either corpus lacks it)."""
+    the reading of each, and whether the verdict carries over: both intervals on the same side of
+    the paper's change (holding it or not) and overlapping each other, so that neither corpus
+    contradicts the other ('carries over', 'does not carry over', or 'not analysed' while either
+    corpus lacks it; a model its controls reject carries nothing over)."""
     rows = []
     for name in cases.loc[first].index:
-        a, b = verdict_reading(cases.loc[(first, name)]), verdict_reading(cases.loc[(second, name)])
-        same = ("not analysed" if "not analysed" in (a, b) else "carries over" if a == b
-                else "does not carry over")
+        x, y = cases.loc[(first, name)], cases.loc[(second, name)]
+        a, b = verdict_reading(x), verdict_reading(y)
+        if "not analysed" in (a, b):
+            same = "not analysed"
+        else:
+            agree = ("read", "read") == (x["status"], y["status"]) and a.split(", ")[1] == b.split(", ")[1]
+            same = "carries over" if agree and x["lo"] <= y["hi"] and y["lo"] <= x["hi"] else "does not carry over"
         rows.append({"case_study": name, first: a, second: b, "verdict": same})
     return pd.DataFrame(rows).set_index("case_study")
 
