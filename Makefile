@@ -69,7 +69,8 @@ notebooks: venv  ## regenerate the executed nbval references book/NN_*.ipynb fro
 	$(PY) tools/notebooks.py $(CHAPTERS)
 
 # The minutes-long analyses over the committed runs, for each family of CPU studies (cpu: corpus v2, cpu3: corpus
-# v3) into runs/analysis/FAMILY/ (about 40 min a family on two cores, measured 3.7 + 16 + 17 for shape on cpu),
+# v3) into runs/analysis/FAMILY/ (about 40 min a family on two cores; measured on cpu3: constancy 10 min, misfit 5,
+# case-studies 23 with --jobs 2 beside a CI run, shape about 10),
 # then `looped corpora` (1.6 min) and the chapters that read their results: run it when new runs have landed, and
 # commit runs/analysis and book/.  One family: make analysis FAMILIES=cpu3
 # The case studies' simulation refits its replications on JOBS processes (the same numbers on any JOBS).
