@@ -9,16 +9,17 @@ import pytest
 
 from looped.studies.case_studies import analysis as paired_study
 from looped.studies.constancy import analysis as robustness
-from looped.studies.sweep.registry import analysis_file
+from looped.studies.sweep.registry import DEFAULT_FAMILY, FAMILIES, analysis_file
 from looped.studies.sweep.replicates import pure_error, replicate_sd, replicate_tables
 from looped.studies.sweep.study import Study
 
 
-def _records():
+def _records(family=DEFAULT_FAMILY):
+    """One family's main runs and replicate tables, as its chapters read them."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        main = Study("cpu-main").fit_table(main_design=False)
-        seeds = replicate_tables()
+        main = Study(FAMILIES[family]["main"]).fit_table(main_design=False)
+        seeds = replicate_tables(studies=FAMILIES[family]["replicates"])
     return main, seeds
 
 
@@ -34,13 +35,14 @@ def test_a_run_and_its_other_token_twin_are_not_replicates():
     assert pe["df_pe"] == 1 and pe["seed_sd"] == pytest.approx(np.std([4.91, 4.93], ddof=1))
 
 
-def test_the_book_reads_one_pure_error_everywhere():
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_book_reads_one_pure_error_everywhere(family):
     """case_studies.json (chapters 5 and 6), constancy.json (chapter 4) and the records agree on the pure
-    error, and the paired simulation drew its noise at it."""
-    main, seeds = _records()
+    error, and the paired simulation drew its noise at it, in each family."""
+    main, seeds = _records(family)
     now = pure_error(main, *seeds)
-    paired = json.loads(analysis_file("case_studies").read_text())["settings"]
-    chapter4 = robustness.read_results()["summary"]
+    paired = json.loads(analysis_file("case_studies", family).read_text())["settings"]
+    chapter4 = robustness.read_results(family=family)["summary"]
     assert paired["seed_sd"] == pytest.approx(now["seed_sd"], rel=1e-9)
     assert chapter4["seed_sd"] == pytest.approx(now["seed_sd"], rel=1e-9) and chapter4["df_pe"] == now["df_pe"]
     assert now["seed_sd"] < 0.012   # a pooled twin of other tokens would put it near 0.03
@@ -66,7 +68,7 @@ def test_the_case_study_guards_fail_on_perturbed_records():
     assert not page.noise_claims(models, np.sqrt(2) * tight)["the per-width model fits close to pair noise"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        arms = load_arms()
+        arms = load_arms(folders=FAMILIES[DEFAULT_FAMILY]["arms"])
     matched = arms["truncated_matched"]
     assert all(page.cost_trend_claims(gain_trend(pairs(arms["main"], matched))).values())
     grows = matched.assign(loss=matched["loss"] + 0.01 * np.log2(matched["r"]))
@@ -81,7 +83,7 @@ def test_the_paired_chapters_notice_records_the_analysis_has_not_seen():
     from looped.studies.case_studies.paired import load_arms, unused_runs
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        arms = load_arms()
+        arms = load_arms(folders=FAMILIES[DEFAULT_FAMILY]["arms"])
     assert unused_runs(arms, analysis_file("case_studies")) == 0
     extra = arms["main"].iloc[[0]].assign(run_id="a-new-run")
     assert unused_runs(dict(arms, main=pd.concat([arms["main"], extra])), analysis_file("case_studies")) == 1

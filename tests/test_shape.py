@@ -142,15 +142,16 @@ def test_looped_fit_mapping_prints_the_phi_equivalents(tmp_path, capsys):
 
 
 def test_the_committed_results_cover_every_run_set_and_rerun_in_small(tmp_path):
-    committed = shape.read_results()
-    assert set(committed["regime"].set) == set(shape.SETS)
+    from looped.studies.sweep.registry import DEFAULT_FAMILY, FAMILIES
+    committed, main = shape.read_results(), FAMILIES[DEFAULT_FAMILY]["main"]
+    assert set(committed["regime"].set) == set(shape.family_sets(DEFAULT_FAMILY))
     held = committed["heldout"]
     assert set(held.set) == {s for s, r in committed["regime"].set_index("set").r_levels.items() if len(r) >= 4}
     assert (held.rmse_lo <= held.rmse_hi).all() and (held.gain_lo <= held.gain_hi).all()
     assert set(committed["in_sample"].mapping) == set(MAPPINGS)
     out = tmp_path / "quick.json"
-    assert shape.main(["--quick", "--sets", "cpu-main", "--out", str(out)]) == 0
+    assert shape.main(["--quick", "--sets", main, "--out", str(out)]) == 0
     quick = shape.read_results(out)
-    mine, theirs = (r["in_sample"].set_index(["set", "mapping"]).loc["cpu-main"] for r in (quick, committed))
+    mine, theirs = (r["in_sample"].set_index(["set", "mapping"]).loc[main] for r in (quick, committed))
     assert np.allclose(mine.rmse, theirs.rmse, rtol=0.02)
     assert list(quick["heldout"].split.unique()) == ["r = 2", "r = 4", "r = 8"]
