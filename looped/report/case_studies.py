@@ -320,14 +320,14 @@ def cost_trend_claims(trend: dict) -> dict:
 
 
 def cost_trend_labels(trend: dict) -> dict:
-    """How chapter 5 reads that slope: its direction, and whether |t| >= 2 resolves it."""
+    """How chapter 5 reads that slope: its direction, and whether abs(t) >= 2 resolves it."""
     return {"cost_trend_direction": "falls" if trend["slope"] < 0 else "rises",
             "cost_trend_resolved": "resolved" if abs(trend["t"]) >= 2 else "not resolved"}
 
 
 def token_labels(tokens: dict) -> dict:
     """Chapter 5's reading of the law's data term on the twin pairs (`paired.token_term_check`): how
-    much it over- (or under-) prices the extra tokens, and whether |t| >= 2 resolves that."""
+    much it over- (or under-) prices the extra tokens, and whether abs(t) >= 2 resolves that."""
     over = tokens["predicted"] / tokens["observed"] - 1
     return {"token_overprice": abs(over), "token_prices": "overprices" if over > 0 else "underprices",
             "token_resolved": "resolved" if abs(tokens["t"]) >= 2 else "not resolved"}
