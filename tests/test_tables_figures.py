@@ -20,6 +20,7 @@ def test_number_text_has_no_raw_floats():
     assert formatting.number_text(True) == "yes"
     assert formatting.power_of_ten(1e21) == "10²¹"
     assert formatting.power_of_ten(9.996e9, 3) == "10¹⁰"
+    assert formatting.p_value_text(3.17e-5) == "3.2×10⁻⁵" and formatting.p_value_text(0.0123) == "0.012"
 
 
 def test_html_table_groups_ours_and_paper():

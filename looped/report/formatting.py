@@ -84,6 +84,11 @@ def power_of_ten(v: float, digits: int = 3, fixed: bool = False) -> str:
     return (f"{mant}×" if mant != "1" else "") + "10" + str(k).translate(_SUPERSCRIPT)
 
 
+def p_value_text(p: float) -> str:
+    """A p-value for prose: two significant digits, as a power of ten below 0.001 ('3.2×10⁻⁵')."""
+    return power_of_ten(p, 2) if p < 1e-3 else f"{p:.2g}"
+
+
 def number_text(v, column: str = "") -> str:
     """One cell for an HTML table: '-' for missing, yes/no for booleans, budgets and FLOPs as powers
     of ten, whole numbers with thousands separators (47,517,696), the law's parameters with the
